@@ -1,0 +1,218 @@
+/**
+ * The event vocabulary: everything durable is one of these, in one append-only log per database.
+ *
+ * An event is `{seq, identity, kind, session, at, body}`. `identity` is unique in the database and is
+ * built by the functions in `identity` below, which is what makes every harness action idempotent
+ * across retries and restarts: the storage refuses a second event with the same identity.
+ *
+ * Pure: no I/O, no clock (`at` is supplied by the caller).
+ */
+import { z } from "zod";
+import { Cell, CellId, ConclusionResult, ExecutionResult, JsonValue, Observation, UnknownExecution } from "./schema.js";
+
+const TurnId = z.string().min(1).max(200);
+const TokenUsage = z.strictObject({
+  input_tokens: z.number().int().nonnegative(),
+  output_tokens: z.number().int().nonnegative(),
+});
+export type TokenUsage = z.infer<typeof TokenUsage>;
+
+export const Budgets = z.strictObject({
+  max_rounds: z.number().int().positive().optional(),
+  max_tokens: z.number().int().positive().optional(),
+  max_wall_seconds: z.number().positive().optional(),
+});
+export type Budgets = z.infer<typeof Budgets>;
+
+/** Bodies, one schema per kind. */
+export const EventBodies = {
+  /** A new session (one run toward one goal). */
+  session_created: z.strictObject({
+    goal: z.string().min(1),
+    cwd: z.string().min(1),
+    /** Each validator is an argv, run in `cwd` before a `success` conclusion is accepted. */
+    validators: z.array(z.array(z.string()).min(1)),
+    budgets: Budgets,
+  }),
+  /** An observation entered the session's inbox (from an execution, a timer, a control note or outside). */
+  inbox_received: z.strictObject({ observation: Observation }),
+  /** A model round begins: the State revision it sees and the observations delivered to it. */
+  turn_prepared: z.strictObject({
+    turn: TurnId,
+    n: z.number().int().positive(),
+    revision: z.number().int().nonnegative(),
+    delivered: z.array(z.string()),
+  }),
+  /** A model call is about to be made. Recorded before the call, so a lost attempt is still counted. */
+  model_attempt: z.strictObject({ turn: TurnId, attempt: z.number().int().positive() }),
+  /** A model call failed or returned something unusable (no tool call, two, truncated arguments). */
+  model_attempt_failed: z.strictObject({
+    turn: TurnId,
+    attempt: z.number().int().positive(),
+    error: z.string(),
+    retryable: z.boolean(),
+    usage: TokenUsage.nullable(),
+  }),
+  /** A complete response, committed before it is admitted. */
+  model_response: z.strictObject({
+    turn: TurnId,
+    attempt: z.number().int().positive(),
+    patch: JsonValue,
+    usage: TokenUsage.nullable(),
+  }),
+  /** A patch was admitted: the State moved to `revision`. Folded with the same function admission uses. */
+  patch_accepted: z.strictObject({
+    turn: TurnId,
+    attempt: z.number().int().positive(),
+    patch: JsonValue,
+    revision: z.number().int().positive(),
+    new_cell_ids: z.array(CellId),
+    removed_ids: z.array(CellId),
+    /** Observation ids consumed by this patch (those delivered to the turn). */
+    consumed: z.array(z.string()),
+  }),
+  patch_rejected: z.strictObject({
+    turn: TurnId,
+    attempt: z.number().int().positive(),
+    code: z.string(),
+    reason: z.string(),
+  }),
+  execution_queued: z.strictObject({ cell_id: CellId, kind: z.enum(["script", "cmd"]) }),
+  /** Launch authorized. Committed BEFORE the child may run its code. */
+  execution_started: z.strictObject({
+    cell_id: CellId,
+    host: z.string(),
+    boot_id: z.string(),
+    pid: z.number().int().positive(),
+    pgid: z.number().int().positive(),
+    /** The process start time in clock ticks since boot (/proc/PID/stat field 22), as a string. */
+    start_time: z.string(),
+  }),
+  execution_output: z.strictObject({
+    cell_id: CellId,
+    n: z.number().int().nonnegative(),
+    stream: z.enum(["stdout", "stderr"]),
+    data: z.string(),
+  }),
+  execution_finished: z.strictObject({
+    cell_id: CellId,
+    result: ExecutionResult,
+    exit_code: z.number().int().nullable(),
+    signal: z.string().nullable(),
+    duration_ms: z.number().nonnegative().nullable(),
+    output_bytes: z.number().int().nonnegative(),
+    /** Bytes of output that were dropped because the output limit was reached. */
+    dropped_bytes: z.number().int().nonnegative(),
+    /** Why it ended that way, in words (a timeout, a missing `uv`, a cancellation). */
+    detail: z.string().nullable(),
+    unknown: UnknownExecution.nullable(),
+  }),
+  timer_registered: z.strictObject({
+    timer_id: z.string().min(1).max(200),
+    cell_id: CellId.nullable(),
+    due_at: z.string(),
+    note: z.string().max(2000).nullable(),
+  }),
+  timer_fired: z.strictObject({
+    timer_id: z.string().min(1).max(200),
+    due_at: z.string(),
+    late_ms: z.number().nonnegative(),
+  }),
+  /** A role note (cancel, resolution, conclusion) was acted on. */
+  control_handled: z.strictObject({
+    note_id: CellId,
+    role: z.enum(["cancel", "resolution", "conclusion"]),
+    outcome: z.enum(["cancelled", "stopped", "already_finished", "resolved", "refused", "concluded"]),
+    detail: z.string(),
+  }),
+  validator_result: z.strictObject({
+    note_id: CellId,
+    index: z.number().int().nonnegative(),
+    argv: z.array(z.string()),
+    exit_code: z.number().int().nullable(),
+    passed: z.boolean(),
+    output: z.string(),
+  }),
+  /** The run is over. A finished run never revives. */
+  run_ended: z.strictObject({
+    result: ConclusionResult,
+    reason: z.string(),
+  }),
+} as const;
+
+export type EventKind = keyof typeof EventBodies;
+export const EVENT_KINDS = Object.keys(EventBodies) as EventKind[];
+export type EventBody<K extends EventKind> = z.infer<(typeof EventBodies)[K]>;
+
+/** An event as the harness builds it, before the storage assigns `seq`. */
+export type NewEvent<K extends EventKind = EventKind> = {
+  [P in K]: { identity: string; kind: P; session: string; at: string; body: EventBody<P> };
+}[K];
+
+/** An event as read back from the log. */
+export type LogEvent<K extends EventKind = EventKind> = NewEvent<K> & { seq: number };
+
+const envelope = {
+  identity: z.string().min(1).max(512),
+  session: z.string().min(1).max(200),
+  at: z.string().min(1),
+};
+
+const Envelope = z.strictObject({ ...envelope, kind: z.enum(EVENT_KINDS as [EventKind, ...EventKind[]]), body: z.unknown() });
+
+/**
+ * Validates one event (without seq). Throws a ZodError naming the bad field. The log is read from
+ * disk and from the network, so it is validated, not trusted.
+ */
+export function parseNewEvent(raw: unknown): NewEvent {
+  const env = Envelope.parse(raw);
+  const body = EventBodies[env.kind].parse(env.body);
+  return { ...env, body } as NewEvent;
+}
+
+/** Validates one stored record as an event. */
+export function parseLogEvent(raw: { seq: number; identity: string; kind: string; session: string; at: string; body: unknown }): LogEvent {
+  const { seq, ...rest } = raw;
+  return { ...parseNewEvent(rest), seq };
+}
+
+/** Builds an event with a typed body. */
+export function event<K extends EventKind>(kind: K, session: string, identity: string, at: string, body: EventBody<K>): NewEvent<K> {
+  return { identity, kind, session, at, body } as NewEvent<K>;
+}
+
+/** Identity conventions. Every identity is scoped by session so one database can hold many. */
+export const identity = {
+  session: (s: string) => `session:${s}`,
+  inbox: (s: string, observationId: string) => `inbox:${s}:${observationId}`,
+  turn: (turn: string) => `turn:${turn}`,
+  attempt: (turn: string, attempt: number) => `attempt:${turn}:${attempt}`,
+  attemptFailed: (turn: string, attempt: number) => `attempt_failed:${turn}:${attempt}`,
+  response: (turn: string, attempt: number) => `response:${turn}:${attempt}`,
+  patch: (turn: string) => `patch:${turn}`,
+  rejected: (turn: string, attempt: number) => `rejected:${turn}:${attempt}`,
+  queued: (s: string, cell: number) => `queued:${s}:${cell}`,
+  execution: (s: string, cell: number) => `execution:${s}:${cell}`,
+  output: (s: string, cell: number, n: number) => `output:${s}:${cell}:${n}`,
+  finished: (s: string, cell: number) => `finished:${s}:${cell}`,
+  timer: (s: string, timerId: string) => `timer:${s}:${timerId}`,
+  timerFired: (s: string, timerId: string) => `timer_fired:${s}:${timerId}`,
+  control: (s: string, note: number) => `control:${s}:${note}`,
+  validator: (s: string, note: number, index: number) => `validator:${s}:${note}:${index}`,
+  terminal: (s: string) => `terminal:${s}`,
+} as const;
+
+/** The turn id of round `n` of session `s`. */
+export function turnId(session: string, n: number): string {
+  return `${session}:t${n}`;
+}
+
+/** Observation ids the harness gives its own observations (reserved prefixes). */
+export const observationId = {
+  execution: (cell: number) => `execution:${cell}`,
+  timer: (timerId: string) => `timer:${timerId}`,
+  control: (note: number) => `control:${note}`,
+  idle: (n: number) => `idle:${n}`,
+} as const;
+
+export { Cell };

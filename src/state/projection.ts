@@ -1,0 +1,188 @@
+/**
+ * The projection: what the reducer folds the log into. Types, and the pure view of executions that
+ * State shows the model under `runtime.cells`.
+ *
+ * Pure: no I/O, no clock.
+ */
+import type { Budgets } from "./events.js";
+import type { Cell, ExecutionPhase, ExecutionResult, Observation, RuntimeCell, State, UnknownExecution } from "./schema.js";
+
+/** How much of an execution's output State shows the model (the tail). The full output is in the log. */
+export const OUTPUT_TAIL_CHARS = 4000;
+
+/** The process identity recorded when a launch was authorized. */
+export interface ProcessIdentity {
+  readonly host: string;
+  readonly boot_id: string;
+  readonly pid: number;
+  readonly pgid: number;
+  readonly start_time: string;
+}
+
+/** Everything known about one execution (one executable cell version). */
+export interface ExecutionRecord {
+  readonly cell_id: number;
+  readonly kind: "script" | "cmd";
+  readonly phase: ExecutionPhase;
+  /** The seq of the `execution_queued` event: dispatch follows this order. */
+  readonly queued_seq: number;
+  readonly started: (ProcessIdentity & { readonly seq: number; readonly at: string }) | null;
+  readonly result: ExecutionResult | null;
+  readonly exit_code: number | null;
+  readonly signal: string | null;
+  readonly detail: string | null;
+  readonly duration_ms: number | null;
+  readonly output_tail: string;
+  readonly output_chunks: number;
+  readonly output_bytes: number;
+  readonly dropped_bytes: number;
+  readonly unknown: UnknownExecution | null;
+  /** The resolution note that resolved this UnknownExecution, if any. */
+  readonly resolved_by: number | null;
+  readonly finished_seq: number | null;
+}
+
+export interface TurnRecord {
+  readonly turn: string;
+  readonly n: number;
+  readonly revision: number;
+  readonly delivered: readonly string[];
+  readonly attempts: number;
+  /** Attempts whose call began but whose outcome (response or failure) was never recorded. */
+  readonly open_attempt: number | null;
+  /** The complete response committed for this turn and not yet admitted or rejected, if any. */
+  readonly response: { readonly attempt: number; readonly patch: unknown } | null;
+  readonly rejections: readonly { readonly attempt: number; readonly code: string; readonly reason: string }[];
+  /** Set once a patch was accepted for this turn. */
+  readonly accepted: { readonly attempt: number; readonly patch: unknown; readonly revision: number; readonly seq: number } | null;
+}
+
+export interface TimerRecord {
+  readonly timer_id: string;
+  readonly cell_id: number | null;
+  readonly due_at: string;
+  readonly note: string | null;
+  readonly fired: boolean;
+}
+
+export interface ValidatorRecord {
+  readonly index: number;
+  readonly argv: readonly string[];
+  readonly exit_code: number | null;
+  readonly passed: boolean;
+  readonly output: string;
+}
+
+export interface ControlRecord {
+  readonly note_id: number;
+  readonly role: "cancel" | "resolution" | "conclusion";
+  readonly outcome: string;
+  readonly detail: string;
+}
+
+export interface SessionProjection {
+  readonly id: string;
+  readonly goal: string;
+  readonly cwd: string;
+  readonly validators: readonly (readonly string[])[];
+  readonly budgets: Budgets;
+  readonly created_at: string;
+  /** The model's State. `runtime.inbox` holds the observations delivered to the open turn. */
+  readonly state: State;
+  /** Every cell version ever accepted, by id (immutable; removed cells stay here). */
+  readonly cells: ReadonlyMap<number, Cell>;
+  readonly executions: ReadonlyMap<number, ExecutionRecord>;
+  /** Every observation ever received, by id (duplicate detection). */
+  readonly observations: ReadonlyMap<string, Observation>;
+  /** Received, not yet delivered to a turn: the unread inbox, in arrival order. */
+  readonly pending: readonly string[];
+  /** Delivered to a turn, not yet consumed by an accepted patch. */
+  readonly delivered: readonly string[];
+  /** Observation ids consumed by accepted patches. */
+  readonly consumed: ReadonlySet<string>;
+  readonly turns: ReadonlyMap<string, TurnRecord>;
+  /** The turn prepared and not yet accepted, if any. */
+  readonly open_turn: string | null;
+  readonly turn_count: number;
+  readonly timers: ReadonlyMap<string, TimerRecord>;
+  readonly controls: ReadonlyMap<number, ControlRecord>;
+  readonly validators_run: ReadonlyMap<number, readonly ValidatorRecord[]>;
+  /** Consecutive accepted patches that left nothing to wait for. */
+  readonly idle_streak: number;
+  readonly idle_total: number;
+  readonly terminal: { readonly result: "success" | "failure"; readonly reason: string; readonly at: string } | null;
+  readonly last_seq: number;
+}
+
+export interface Projection {
+  readonly head: number;
+  readonly sessions: ReadonlyMap<string, SessionProjection>;
+  /** Session ids in creation order. */
+  readonly order: readonly string[];
+  /** Every identity in the log (what the storage also enforces). */
+  readonly identities: ReadonlySet<string>;
+}
+
+/** The phases of every execution, keyed by cell id. */
+export function phasesOf(executions: ReadonlyMap<number, ExecutionRecord>): Map<number, ExecutionPhase> {
+  const out = new Map<number, ExecutionPhase>();
+  for (const [id, ex] of executions) out.set(id, ex.phase);
+  return out;
+}
+
+/** An UnknownExecution that no resolution note has resolved yet. */
+export function isUnresolvedUnknown(ex: ExecutionRecord): boolean {
+  return ex.result === "UnknownExecution" && ex.resolved_by === null;
+}
+
+/** The model's view of one execution. */
+export function runtimeCellOf(ex: ExecutionRecord): RuntimeCell {
+  const out: RuntimeCell = { phase: ex.phase };
+  if (ex.result !== null) out.result = ex.result;
+  if (ex.phase === "finished") out.exit_code = ex.exit_code;
+  if (ex.output_tail.length > 0) out.output = ex.output_tail;
+  if (ex.dropped_bytes > 0 || ex.output_tail.length < ex.output_bytes) out.truncated = ex.dropped_bytes > 0 || ex.output_bytes > OUTPUT_TAIL_CHARS;
+  if (ex.unknown !== null) out.unknown = ex.unknown;
+  if (ex.resolved_by !== null) out.resolved_by = ex.resolved_by;
+  return out;
+}
+
+/**
+ * `runtime.cells`: executions of the cells in context, plus any execution still pending (queued or
+ * started) or still uncertain (an unresolved UnknownExecution), even when its cell was removed:
+ * removing a cell never hides work or uncertainty from the model.
+ */
+export function runtimeCellsView(cells: readonly Cell[], executions: ReadonlyMap<number, ExecutionRecord>): Record<string, RuntimeCell> {
+  const inContext = new Set(cells.map((c) => c.id));
+  const ids = [...executions.keys()].filter((id) => {
+    const ex = executions.get(id)!;
+    return inContext.has(id) || ex.phase !== "finished" || isUnresolvedUnknown(ex);
+  });
+  ids.sort((a, b) => a - b);
+  const out: Record<string, RuntimeCell> = {};
+  for (const id of ids) out[String(id)] = runtimeCellOf(executions.get(id)!);
+  return out;
+}
+
+/** A fresh queued execution record, as admission and the reducer both create it. */
+export function queuedExecution(cellId: number, kind: "script" | "cmd", queuedSeq: number): ExecutionRecord {
+  return {
+    cell_id: cellId,
+    kind,
+    phase: "queued",
+    queued_seq: queuedSeq,
+    started: null,
+    result: null,
+    exit_code: null,
+    signal: null,
+    detail: null,
+    duration_ms: null,
+    output_tail: "",
+    output_chunks: 0,
+    output_bytes: 0,
+    dropped_bytes: 0,
+    unknown: null,
+    resolved_by: null,
+    finished_seq: null,
+  };
+}

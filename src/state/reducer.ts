@@ -1,0 +1,291 @@
+/**
+ * The reducer: folds the event log into the projection (State, executions and their phases, inbox,
+ * timers, usage, terminal result).
+ *
+ * Pure and deterministic: the same events give the same projection. Rebuilding runs no code, calls
+ * no model and touches no file. `Reducer` keeps its own working copy and mutates only that; every
+ * State it hands out is a fresh object that later events never change.
+ */
+import { applyAccepted } from "./admission.js";
+import type { LogEvent } from "./events.js";
+import type { ExecutionRecord, Projection, SessionProjection, TurnRecord } from "./projection.js";
+import { OUTPUT_TAIL_CHARS, queuedExecution, runtimeCellsView } from "./projection.js";
+import type { Cell, Observation, State } from "./schema.js";
+import { initialState } from "./schema.js";
+
+type Mutable<T> = { -readonly [K in keyof T]: T[K] };
+
+interface SessionWork extends Mutable<Omit<SessionProjection, "cells" | "executions" | "observations" | "consumed" | "turns" | "timers" | "controls" | "validators_run" | "pending" | "delivered">> {
+  cells: Map<number, Cell>;
+  executions: Map<number, ExecutionRecord>;
+  observations: Map<string, Observation>;
+  pending: string[];
+  delivered: string[];
+  consumed: Set<string>;
+  turns: Map<string, TurnRecord>;
+  timers: Map<string, SessionProjection["timers"] extends ReadonlyMap<string, infer T> ? T : never>;
+  controls: Map<number, SessionProjection["controls"] extends ReadonlyMap<number, infer T> ? T : never>;
+  validators_run: Map<number, SessionProjection["validators_run"] extends ReadonlyMap<number, infer T> ? T : never>;
+}
+
+/** Thrown when the log is not a log this reducer can fold (an event for an unknown session, a gap). */
+export class LogCorrupt extends Error {
+  readonly code = "internal" as const;
+  constructor(message: string) {
+    super(message);
+    this.name = "LogCorrupt";
+  }
+}
+
+const encoder = new TextEncoder();
+
+/** Folds events incrementally. `apply` events in seq order; `projection()` reads the result. */
+export class Reducer {
+  private head = 0;
+  private readonly sessions = new Map<string, SessionWork>();
+  private readonly order: string[] = [];
+  private readonly identities = new Set<string>();
+
+  /** Folds `events` (in seq order, each after the current head). */
+  apply(events: readonly LogEvent[]): void {
+    for (const e of events) this.applyOne(e);
+  }
+
+  /** The current projection. Maps are live views: copy before holding across `apply` calls. */
+  projection(): Projection {
+    return { head: this.head, sessions: this.sessions as ReadonlyMap<string, SessionProjection>, order: this.order, identities: this.identities };
+  }
+
+  session(id: string): SessionProjection | undefined {
+    return this.sessions.get(id);
+  }
+
+  get headSeq(): number {
+    return this.head;
+  }
+
+  private applyOne(e: LogEvent): void {
+    if (e.seq <= this.head) throw new LogCorrupt(`event seq ${e.seq} is not after head ${this.head}`);
+    if (this.identities.has(e.identity)) throw new LogCorrupt(`identity ${e.identity} appears twice in the log (seq ${e.seq})`);
+    this.head = e.seq;
+    this.identities.add(e.identity);
+
+    if (e.kind === "session_created") {
+      if (this.sessions.has(e.session)) throw new LogCorrupt(`session ${e.session} created twice`);
+      this.sessions.set(e.session, newSession(e.session, e.at, e.body, e.seq));
+      this.order.push(e.session);
+      return;
+    }
+    const s = this.sessions.get(e.session);
+    if (s === undefined) throw new LogCorrupt(`event ${e.identity} (seq ${e.seq}) names unknown session ${e.session}`);
+    s.last_seq = e.seq;
+
+    switch (e.kind) {
+      case "inbox_received": {
+        const o = e.body.observation;
+        s.observations.set(o.id, o);
+        s.pending.push(o.id);
+        if (o.source === "idle") {
+          s.idle_streak += 1;
+          s.idle_total += 1;
+        }
+        return;
+      }
+      case "turn_prepared": {
+        const b = e.body;
+        const deliveredSet = new Set(b.delivered);
+        s.pending = s.pending.filter((id) => !deliveredSet.has(id));
+        s.delivered = [...s.delivered, ...b.delivered.filter((id) => !s.delivered.includes(id))];
+        s.turns.set(b.turn, { turn: b.turn, n: b.n, revision: b.revision, delivered: b.delivered, attempts: 0, open_attempt: null, response: null, rejections: [], accepted: null });
+        s.open_turn = b.turn;
+        s.turn_count = Math.max(s.turn_count, b.n);
+        s.state = withRuntime(s.state, {
+          inbox: s.delivered.map((id) => s.observations.get(id)).filter((o): o is Observation => o !== undefined),
+          usage: { ...s.state.runtime.usage, rounds: s.state.runtime.usage.rounds + 1 },
+        });
+        return;
+      }
+      case "model_attempt": {
+        const t = turnOf(s, e.body.turn, e);
+        s.turns.set(t.turn, { ...t, attempts: Math.max(t.attempts, e.body.attempt), open_attempt: e.body.attempt });
+        const u = s.state.runtime.usage;
+        s.state = withRuntime(s.state, { usage: { ...u, attempts: u.attempts + 1, unknown_usage_attempts: u.unknown_usage_attempts + 1 } });
+        return;
+      }
+      case "model_attempt_failed":
+      case "model_response": {
+        const t = turnOf(s, e.body.turn, e);
+        const response = e.kind === "model_response" ? { attempt: e.body.attempt, patch: e.body.patch } : t.response;
+        s.turns.set(t.turn, { ...t, open_attempt: null, response });
+        const usage = e.body.usage;
+        if (usage !== null) {
+          const u = s.state.runtime.usage;
+          s.state = withRuntime(s.state, {
+            usage: {
+              ...u,
+              input_tokens: u.input_tokens + usage.input_tokens,
+              output_tokens: u.output_tokens + usage.output_tokens,
+              unknown_usage_attempts: Math.max(0, u.unknown_usage_attempts - 1),
+            },
+          });
+        }
+        return;
+      }
+      case "patch_rejected": {
+        const t = turnOf(s, e.body.turn, e);
+        s.turns.set(t.turn, { ...t, response: null, rejections: [...t.rejections, { attempt: e.body.attempt, code: e.body.code, reason: e.body.reason }] });
+        return;
+      }
+      case "patch_accepted": {
+        const b = e.body;
+        const t = turnOf(s, b.turn, e);
+        const applied = applyAccepted(s.state, s.executions, b.patch, b.consumed);
+        if (applied.state.revision !== b.revision) {
+          throw new LogCorrupt(`patch ${e.identity} folds to revision ${applied.state.revision}, the log says ${b.revision}`);
+        }
+        for (const c of applied.newCells) s.cells.set(c.id, c);
+        // New executions get their queued_seq from their own execution_queued events.
+        for (const [id, ex] of applied.executions) if (!s.executions.has(id) && ex.phase === "queued") applied.executions.delete(id);
+        s.executions = applied.executions;
+        s.state = applied.state;
+        for (const id of b.consumed) s.consumed.add(id);
+        const consumedSet = new Set(b.consumed);
+        s.delivered = s.delivered.filter((id) => !consumedSet.has(id));
+        s.turns.set(t.turn, { ...t, response: null, accepted: { attempt: b.attempt, patch: b.patch, revision: b.revision, seq: e.seq } });
+        if (s.open_turn === b.turn) s.open_turn = null;
+        return;
+      }
+      case "execution_queued": {
+        s.executions.set(e.body.cell_id, queuedExecution(e.body.cell_id, e.body.kind, e.seq));
+        s.idle_streak = 0;
+        refreshView(s);
+        return;
+      }
+      case "execution_started": {
+        const ex = executionOf(s, e.body.cell_id, e);
+        const { cell_id: _cell, ...identity } = e.body;
+        s.executions.set(ex.cell_id, { ...ex, phase: "started", started: { ...identity, seq: e.seq, at: e.at } });
+        refreshView(s);
+        return;
+      }
+      case "execution_output": {
+        const ex = executionOf(s, e.body.cell_id, e);
+        const tail = (ex.output_tail + e.body.data).slice(-OUTPUT_TAIL_CHARS);
+        s.executions.set(ex.cell_id, {
+          ...ex,
+          output_tail: tail,
+          output_chunks: ex.output_chunks + 1,
+          output_bytes: ex.output_bytes + encoder.encode(e.body.data).length,
+        });
+        refreshView(s);
+        return;
+      }
+      case "execution_finished": {
+        const ex = executionOf(s, e.body.cell_id, e);
+        const b = e.body;
+        s.executions.set(ex.cell_id, {
+          ...ex,
+          phase: "finished",
+          result: b.result,
+          exit_code: b.exit_code,
+          signal: b.signal,
+          detail: b.detail,
+          duration_ms: b.duration_ms,
+          output_bytes: Math.max(ex.output_bytes, b.output_bytes),
+          dropped_bytes: b.dropped_bytes,
+          unknown: b.unknown,
+          finished_seq: e.seq,
+        });
+        refreshView(s);
+        return;
+      }
+      case "timer_registered": {
+        const b = e.body;
+        s.timers.set(b.timer_id, { timer_id: b.timer_id, cell_id: b.cell_id, due_at: b.due_at, note: b.note, fired: false });
+        s.idle_streak = 0;
+        return;
+      }
+      case "timer_fired": {
+        const t = s.timers.get(e.body.timer_id);
+        if (t === undefined) throw new LogCorrupt(`timer ${e.body.timer_id} fired but was never registered (seq ${e.seq})`);
+        s.timers.set(t.timer_id, { ...t, fired: true });
+        return;
+      }
+      case "control_handled": {
+        const b = e.body;
+        s.controls.set(b.note_id, { note_id: b.note_id, role: b.role, outcome: b.outcome, detail: b.detail });
+        s.idle_streak = 0;
+        return;
+      }
+      case "validator_result": {
+        const b = e.body;
+        const prior = s.validators_run.get(b.note_id) ?? [];
+        s.validators_run.set(b.note_id, [...prior, { index: b.index, argv: b.argv, exit_code: b.exit_code, passed: b.passed, output: b.output }]);
+        return;
+      }
+      case "run_ended": {
+        s.terminal = { result: e.body.result, reason: e.body.reason, at: e.at };
+        return;
+      }
+      default: {
+        const never: never = e;
+        throw new LogCorrupt(`unknown event kind in ${JSON.stringify(never)}`);
+      }
+    }
+  }
+}
+
+/** Folds a whole log. */
+export function reduce(events: readonly LogEvent[]): Projection {
+  const r = new Reducer();
+  r.apply(events);
+  return r.projection();
+}
+
+function newSession(id: string, at: string, body: LogEvent<"session_created">["body"], seq: number): SessionWork {
+  return {
+    id,
+    goal: body.goal,
+    cwd: body.cwd,
+    validators: body.validators,
+    budgets: body.budgets,
+    created_at: at,
+    state: initialState(id, body.goal),
+    cells: new Map(),
+    executions: new Map(),
+    observations: new Map(),
+    pending: [],
+    delivered: [],
+    consumed: new Set(),
+    turns: new Map(),
+    open_turn: null,
+    turn_count: 0,
+    timers: new Map(),
+    controls: new Map(),
+    validators_run: new Map(),
+    idle_streak: 0,
+    idle_total: 0,
+    terminal: null,
+    last_seq: seq,
+  };
+}
+
+function withRuntime(state: State, patch: Partial<State["runtime"]>): State {
+  return { ...state, runtime: { ...state.runtime, ...patch } };
+}
+
+function refreshView(s: SessionWork): void {
+  s.state = withRuntime(s.state, { cells: runtimeCellsView(s.state.cells, s.executions) });
+}
+
+function turnOf(s: SessionWork, turn: string, e: LogEvent): TurnRecord {
+  const t = s.turns.get(turn);
+  if (t === undefined) throw new LogCorrupt(`event ${e.identity} (seq ${e.seq}) names turn ${turn}, which was never prepared`);
+  return t;
+}
+
+function executionOf(s: SessionWork, cellId: number, e: LogEvent): ExecutionRecord {
+  const ex = s.executions.get(cellId);
+  if (ex === undefined) throw new LogCorrupt(`event ${e.identity} (seq ${e.seq}) names cell ${cellId}, which has no queued execution`);
+  return ex;
+}

@@ -1,0 +1,143 @@
+/**
+ * The Storage contract (ARCHITECTURE.md section 5): one narrow interface, three adapters (memory,
+ * sqlite, replicated), one conformance suite (`test/conformance/`).
+ *
+ * Ownership: `Storage.open(name)` claims the database. The last opener wins: every earlier handle is
+ * fenced, and its next call (commit, read, drain, ack) throws `ResetError {action: "stop", reason:
+ * "fenced"}` and writes nothing. Readers (`Storage.reader`) and posters (`Storage.post`) never take
+ * ownership, so `cairn status` and `cairn post` never disturb the running owner.
+ *
+ * Errors: `ResetError` (taken over, deleted, diverged), `StorageRejected` (nothing became durable:
+ * duplicate identity, too large, backlog full), `StorageFailure` (outcome unknown; the handle is
+ * poisoned until reopened). Never "not found" for an outage: failure is a throw.
+ */
+import type { LogEvent, NewEvent } from "../state/events.js";
+
+export type AdapterName = "memory" | "sqlite" | "replicated";
+
+/** What a resolved commit returns: the sequence numbers the batch received, in order. */
+export interface CommitReceipt {
+  readonly firstSeq: number;
+  readonly lastSeq: number;
+}
+
+/** An outside observation, posted to a database's mailbox by anyone, without taking ownership. */
+export interface MailboxMessage {
+  /** Stable id chosen by the sender: delivering the same id again is a no-op. */
+  readonly id: string;
+  readonly session: string;
+  readonly kind: string;
+  readonly payload: unknown;
+  readonly at: string;
+}
+
+/** A message as the owner drains it: `mseq` orders the mailbox and is what `ack` takes. */
+export interface PostedMessage extends MailboxMessage {
+  readonly mseq: number;
+}
+
+/** What `watch` reports: new mail arrived, or this handle was fenced by a newer opener. */
+export type DatabaseSignal = { type: "mailbox" } | { type: "fenced"; epoch: number | null } | { type: "appended"; seq: number };
+
+/** Counters an adapter can report; every field optional (the memory adapter has no quorum). */
+export interface DatabaseStats {
+  readonly adapter: AdapterName;
+  readonly epoch: number;
+  readonly fenced: boolean;
+  readonly poisoned: boolean;
+  /** Replicated only: members answering, and whether a majority does. */
+  readonly membersReachable?: number;
+  readonly membersTotal?: number;
+  readonly quorumHeld?: boolean;
+  /** Commits waiting for the quorum, and their bytes. */
+  readonly backlogCommits?: number;
+  readonly backlogBytes?: number;
+  /** Seconds spent waiting for quorum since open. */
+  readonly quorumWaitSeconds?: number;
+}
+
+/** An owned database: the only handle that may append. */
+export interface Database {
+  readonly name: string;
+  /** The ownership epoch this handle claimed at open; strictly greater than every earlier opener's. */
+  readonly epoch: number;
+
+  /**
+   * Committed events with `seq > afterSeq` (default 0), in order, at most `limit` of them (default:
+   * all). Throws ResetError when fenced, StorageFailure when poisoned.
+   */
+  read(afterSeq?: number, limit?: number): Promise<LogEvent[]>;
+
+  /**
+   * Appends the batch atomically: all of it becomes durable, or none. Resolves only when durable as
+   * the adapter promises (fsynced; held by 2 of 3 zones). An identity already in the log, or twice in
+   * the batch, refuses the whole batch with `StorageRejected {reason: "duplicate_identity"}`.
+   * An empty batch is refused as `invalid`.
+   */
+  commit(events: readonly NewEvent[]): Promise<CommitReceipt>;
+
+  /** The highest committed seq (0 for an empty log). Fenced and poisoned handles throw. */
+  head(): Promise<number>;
+
+  /** Mailbox messages not yet acknowledged, in post order. Fenced handles throw. */
+  drain(): Promise<PostedMessage[]>;
+
+  /** Removes mailbox messages with `mseq <= upTo`: call after their events are committed. */
+  ack(upTo: number): Promise<void>;
+
+  /**
+   * Calls `listener` when mail arrives or when this handle is fenced (promptly: within a few seconds,
+   * without waiting for the next commit). Returns a function that stops watching.
+   */
+  watch(listener: (signal: DatabaseSignal) => void): () => void;
+
+  /** Current counters; never throws. */
+  stats(): DatabaseStats;
+
+  /** Releases the handle. Idempotent. Does not give up the epoch: a later opener still advances it. */
+  close(): Promise<void>;
+}
+
+/** A read-only view of a database, without ownership. */
+export interface Reader {
+  readonly name: string;
+  read(afterSeq?: number, limit?: number): Promise<LogEvent[]>;
+  head(): Promise<number>;
+  close(): Promise<void>;
+}
+
+export interface OpenOptions {
+  /** Create the database when it does not exist (default true). When false, a missing one throws DatabaseNotFound. */
+  readonly create?: boolean;
+}
+
+export interface Storage {
+  readonly adapter: AdapterName;
+  /** Claims ownership of `name` (creating it unless `create: false`). Every earlier opener is fenced. */
+  open(name: string, options?: OpenOptions): Promise<Database>;
+  /** A read-only handle; throws DatabaseNotFound when the database does not exist. */
+  reader(name: string): Promise<Reader>;
+  /**
+   * Posts an outside message to `name`'s mailbox without taking ownership. The same id with the same
+   * content is a no-op; with other content it is refused (`StorageRejected {reason: "conflict"}`);
+   * a full mailbox refuses with `backlog_full` (retry later). Throws DatabaseNotFound for a missing database.
+   */
+  post(name: string, message: MailboxMessage): Promise<void>;
+  /** Names of the databases this storage holds. */
+  list(): Promise<string[]>;
+  /** Releases shared resources (connections). Open databases should be closed first. */
+  close(): Promise<void>;
+}
+
+/**
+ * Fault points an adapter calls, so tests can fail a commit at an exact boundary (DBOS's debugpoint
+ * idea). `commit:before` runs before anything is sent or written: a throw there is a plain failure and
+ * nothing is durable. `commit:after-durable` runs after the commit is durable and before the caller
+ * learns of it: a throw there is the lost acknowledgement, and the adapter must report StorageFailure
+ * and poison the handle. Unused in production (undefined: no cost).
+ */
+export type FaultPoint = "commit:before" | "commit:after-durable";
+export type FaultHook = (point: FaultPoint) => void | Promise<void>;
+
+/** Limits every adapter enforces the same way. */
+export const MAILBOX_LIMIT = 1000;
