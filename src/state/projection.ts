@@ -52,7 +52,7 @@ export interface TurnRecord {
   readonly open_attempt: number | null;
   /** The complete response committed for this turn and not yet admitted or rejected, if any. */
   readonly response: { readonly attempt: number; readonly patch: unknown } | null;
-  readonly rejections: readonly { readonly attempt: number; readonly code: string; readonly reason: string }[];
+  readonly rejections: readonly { readonly attempt: number; readonly code: string; readonly reason: string; readonly patch: unknown }[];
   /** Set once a patch was accepted for this turn. */
   readonly accepted: { readonly attempt: number; readonly patch: unknown; readonly revision: number; readonly seq: number } | null;
 }

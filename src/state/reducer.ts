@@ -133,7 +133,7 @@ export class Reducer {
       }
       case "patch_rejected": {
         const t = turnOf(s, e.body.turn, e);
-        s.turns.set(t.turn, { ...t, response: null, rejections: [...t.rejections, { attempt: e.body.attempt, code: e.body.code, reason: e.body.reason }] });
+        s.turns.set(t.turn, { ...t, response: null, rejections: [...t.rejections, { attempt: e.body.attempt, code: e.body.code, reason: e.body.reason, patch: t.response?.patch ?? null }] });
         return;
       }
       case "patch_accepted": {

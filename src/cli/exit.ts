@@ -1,0 +1,32 @@
+/**
+ * Exit codes (documented in the README) and the one mapping from errors to them.
+ *
+ *   0  the run succeeded (or the command did what it was asked)
+ *   1  the run ended in failure
+ *   2  bad usage or configuration
+ *   3  fenced: another process owns the database; do not restart here
+ *   4  storage unavailable (or a commit's outcome is unknown: reopen to learn the truth)
+ */
+import { ZodError } from "zod";
+import { hasCode } from "../errors.js";
+
+export const EXIT = { ok: 0, failure: 1, usage: 2, fenced: 3, storage: 4 } as const;
+export type ExitCode = (typeof EXIT)[keyof typeof EXIT];
+
+/** The exit code for an error, and one sentence to print (never a stack trace). */
+export function describeError(err: unknown): { code: ExitCode; message: string } {
+  const message = err instanceof Error ? err.message : String(err);
+  if (hasCode(err, "reset")) return { code: EXIT.fenced, message };
+  if (hasCode(err, "config") || hasCode(err, "usage") || hasCode(err, "not_found")) return { code: EXIT.usage, message };
+  if (hasCode(err, "unavailable") || hasCode(err, "uncertain")) return { code: EXIT.storage, message };
+  if (hasCode(err, "rejected")) return { code: EXIT.storage, message };
+  if (hasCode(err, "model")) {
+    const kind = (err as { kind?: string }).kind;
+    return { code: kind === "config" || kind === "auth" ? EXIT.usage : EXIT.failure, message };
+  }
+  if (err instanceof ZodError) return { code: EXIT.usage, message: err.issues.map((i) => `${i.path.join(".") || "value"}: ${i.message}`).join("; ") };
+  // Engine errors that escaped an adapter's mapping: a storage that cannot be used.
+  const code = (err as { code?: unknown }).code;
+  if (typeof code === "string" && /^(SQLITE_|ENOENT|EACCES|EROFS|ENOSPC|ECONNREFUSED)/.test(code)) return { code: EXIT.storage, message };
+  return { code: EXIT.failure, message };
+}

@@ -1,0 +1,82 @@
+/**
+ * The `cairn` command: run, resume, status, post, serve, timer, cluster.
+ *
+ * The only place that wires concrete adapters and providers together. Every failure ends with one
+ * sentence on stderr and a documented exit code (see exit.ts), never a stack trace.
+ */
+import { VERSION } from "../version.js";
+import { EXIT, describeError } from "./exit.js";
+import { UsageError } from "./args.js";
+import { runCommand, resumeCommand } from "./run.js";
+import { statusCommand } from "./status.js";
+import { postCommand } from "./post.js";
+import { serveCommand } from "./serve.js";
+import { timerCommand } from "./timer.js";
+import { clusterCommand } from "./cluster.js";
+
+export interface Io {
+  readonly out: (line: string) => void;
+  readonly err: (line: string) => void;
+  readonly env: NodeJS.ProcessEnv;
+}
+
+const defaultIo: Io = {
+  out: (line) => process.stdout.write(`${line}\n`),
+  err: (line) => process.stderr.write(`${line}\n`),
+  env: process.env,
+};
+
+export const USAGE = `cairn ${VERSION}: a durable runtime for autonomous coding agents
+
+usage:
+  cairn run [GOAL] --db NAME --model SPEC [--cwd DIR] [--validator "CMD ARGS"]... [--json]
+  cairn resume --db NAME --model SPEC [--json]
+  cairn status --db NAME [--session ID] [--json]
+  cairn post --db NAME --session ID --id ID --kind KIND --payload JSON
+  cairn serve --db NAME --model SPEC [--listen HOST:PORT]
+  cairn timer --id ID (--in DURATION | --at ISO-TIME) [--note TEXT]    (inside a running cell)
+  cairn cluster up|down|status [--dir DIR]                              (a local 3-zone etcd)
+
+Run \`cairn COMMAND --help\` for a command's flags. Exit codes: 0 success, 1 the run failed,
+2 bad usage or configuration, 3 fenced (another process owns the database: do not restart here),
+4 storage unavailable.`;
+
+/** Runs the command line `argv` (without node and the script) and returns the exit code. */
+export async function main(argv: readonly string[], io: Io = defaultIo): Promise<number> {
+  const [command, ...rest] = argv;
+  try {
+    switch (command) {
+      case "run":
+        return await runCommand(rest, io);
+      case "resume":
+        return await resumeCommand(rest, io);
+      case "status":
+        return await statusCommand(rest, io);
+      case "post":
+        return await postCommand(rest, io);
+      case "serve":
+        return await serveCommand(rest, io);
+      case "timer":
+        return await timerCommand(rest, io);
+      case "cluster":
+        return await clusterCommand(rest, io);
+      case "--version":
+      case "version":
+        io.out(VERSION);
+        return EXIT.ok;
+      case undefined:
+      case "help":
+      case "--help":
+      case "-h":
+        io.out(USAGE);
+        return command === undefined ? EXIT.usage : EXIT.ok;
+      default:
+        throw new UsageError(`unknown command "${command}"; the commands are run, resume, status, post, serve, timer and cluster (see \`cairn --help\`).`);
+    }
+  } catch (err) {
+    const { code, message } = describeError(err);
+    io.err(`cairn: ${message}`);
+    if (process.env.CAIRN_DEBUG && err instanceof Error && err.stack) io.err(err.stack);
+    return code;
+  }
+}

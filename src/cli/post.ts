@@ -1,0 +1,70 @@
+/**
+ * `cairn post`: delivers an outside observation to a run through the database's mailbox, without
+ * taking ownership. The owner moves it into the run's inbox.
+ */
+import { parseLogEvent } from "../state/events.js";
+import { Reducer } from "../state/reducer.js";
+import { checkOutsideObservation, OutsideObservation } from "../harness/observations.js";
+import { parse, required, UsageError } from "./args.js";
+import { EXIT } from "./exit.js";
+import type { Io } from "./main.js";
+import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
+
+const HELP = `usage: cairn post --db NAME --session ID --id ID --kind KIND --payload JSON
+
+Delivers an outside observation to run ID. --id is your stable id: posting the same id and content
+again is a no-op; the same id with other content is refused. Ids starting with execution:, timer:,
+control: or idle: are reserved. A full inbox asks you to retry later (exit 4).
+${STORAGE_HELP}`;
+
+export async function postCommand(argv: readonly string[], io: Io): Promise<number> {
+  const p = parse("post", argv, { ...STORAGE_FLAGS, session: { type: "string" }, id: { type: "string" }, kind: { type: "string" }, payload: { type: "string" } });
+  if (p.values.help) {
+    io.out(HELP);
+    return EXIT.ok;
+  }
+  const name = dbName(p, "post");
+  const session = required(p, "post", "session", "the run to deliver to, e.g. s1");
+  const id = required(p, "post", "id", "a stable id for this observation");
+  const kind = required(p, "post", "kind", "what kind of observation, e.g. ci_result");
+  const raw = required(p, "post", "payload", "a JSON value");
+  let payload: unknown;
+  try {
+    payload = JSON.parse(raw);
+  } catch {
+    throw new UsageError(`cairn post: --payload is not valid JSON: ${raw.length > 80 ? `${raw.slice(0, 77)}...` : raw}`);
+  }
+  const obs = OutsideObservation.safeParse({ id, kind, payload });
+  if (!obs.success) throw new UsageError(`cairn post: ${obs.error.issues.map((i) => `--${i.path.join(".")}: ${i.message}`).join("; ")}`);
+  const choice = chooseStorage(p, "post", io.env);
+  try {
+    // Check what can be checked without ownership: the run exists, the id is not forged or in conflict.
+    const reader = await choice.storage.reader(name);
+    const r = new Reducer();
+    try {
+      for (;;) {
+        const batch = await reader.read(r.headSeq, 5000);
+        if (batch.length === 0) break;
+        r.apply(batch.map((e) => parseLogEvent(e)));
+      }
+    } finally {
+      await reader.close().catch(() => undefined);
+    }
+    const s = r.session(session);
+    if (s === undefined) throw new UsageError(`cairn post: run "${session}" does not exist in database "${name}".`);
+    const check = checkOutsideObservation(s, obs.data, Number.MAX_SAFE_INTEGER);
+    if (!check.ok) {
+      io.err(`cairn: ${check.message}`);
+      return EXIT.usage;
+    }
+    if (check.duplicate) {
+      io.out(`observation ${id} was already delivered to ${session}; nothing to do`);
+      return EXIT.ok;
+    }
+    await choice.storage.post(name, { id, session, kind, payload, at: new Date().toISOString() });
+    io.out(`posted ${id} to ${session} in "${name}"; its owner delivers it to the run's inbox`);
+    return EXIT.ok;
+  } finally {
+    await choice.storage.close().catch(() => undefined);
+  }
+}

@@ -1,0 +1,81 @@
+/**
+ * Progress on a terminal as events commit: the model round, the cell being run, its output as it
+ * arrives, the result. With --json: one committed event per line instead.
+ */
+import type { LogEvent } from "../state/events.js";
+import type { Harness } from "../harness/harness.js";
+
+export type Write = (line: string) => void;
+
+export function followProgress(h: Harness, json: boolean, write: Write): () => void {
+  if (json) return h.follow((events) => events.forEach((e) => write(JSON.stringify(e))));
+  const partial = new Map<string, string>();
+  return h.follow((events) => {
+    for (const e of events) for (const line of render(h, e, partial)) write(line);
+  });
+}
+
+function render(h: Harness, e: LogEvent, partial: Map<string, string>): string[] {
+  const tag = h.sessions().length > 1 ? `${e.session} ` : "";
+  switch (e.kind) {
+    case "session_created":
+      return [`${tag}goal: ${e.body.goal}`, `${tag}cwd: ${e.body.cwd}${e.body.validators.length ? `; validators: ${e.body.validators.map((v) => v.join(" ")).join(" | ")}` : ""}`];
+    case "turn_prepared":
+      return [`${tag}[round ${e.body.n}] the model decides (revision ${e.body.revision}, ${e.body.delivered.length} new observation(s))`];
+    case "model_attempt_failed":
+      return [`${tag}[model] attempt ${e.body.attempt} failed${e.body.retryable ? " (will retry)" : ""}: ${e.body.error}`];
+    case "patch_rejected":
+      return [`${tag}[model] patch refused (${e.body.code}): ${e.body.reason}`];
+    case "patch_accepted": {
+      const s = h.session(e.session);
+      const added = e.body.new_cell_ids.map((id) => {
+        const c = s?.cells.get(id);
+        if (c === undefined) return `cell ${id}`;
+        if (c.kind === "cmd") return `cell ${id} cmd \`${c.argv.join(" ")}\``;
+        if (c.kind === "script") return `cell ${id} script`;
+        return `cell ${id} note${c.role ? ` (${c.role}${c.result ? `: ${c.result}` : ""})` : ""}: ${oneLine(c.text, 100)}`;
+      });
+      const removed = e.body.removed_ids.length ? `; removed ${e.body.removed_ids.join(", ")}` : "";
+      return [`${tag}[step] revision ${e.body.revision}: ${added.length ? added.join("; ") : "no new cells"}${removed}`];
+    }
+    case "execution_started":
+      return [`${tag}[cell ${e.body.cell_id}] started (pid ${e.body.pid})`];
+    case "execution_output": {
+      const key = `${e.session}:${e.body.cell_id}`;
+      const text = (partial.get(key) ?? "") + e.body.data;
+      const lines = text.split("\n");
+      partial.set(key, lines.pop() ?? "");
+      return lines.map((l) => `${tag}[cell ${e.body.cell_id}] | ${l}`);
+    }
+    case "execution_finished": {
+      const key = `${e.session}:${e.body.cell_id}`;
+      const rest = partial.get(key);
+      partial.delete(key);
+      const out = rest ? [`${tag}[cell ${e.body.cell_id}] | ${rest}`] : [];
+      const exit = e.body.exit_code !== null ? ` exit ${e.body.exit_code}` : e.body.signal ? ` ${e.body.signal}` : "";
+      const ms = e.body.duration_ms !== null ? `, ${Math.round(e.body.duration_ms)} ms` : "";
+      const dropped = e.body.dropped_bytes > 0 ? `, ${e.body.dropped_bytes} output bytes dropped` : "";
+      out.push(`${tag}[cell ${e.body.cell_id}] ${e.body.result}${exit}${ms}${dropped}${e.body.detail ? `: ${oneLine(e.body.detail, 300)}` : ""}`);
+      return out;
+    }
+    case "inbox_received":
+      return e.body.observation.source === "external" || e.body.observation.source === "idle" || e.body.observation.source === "timer"
+        ? [`${tag}[inbox] ${e.body.observation.id} (${e.body.observation.kind})`]
+        : [];
+    case "timer_registered":
+      return [`${tag}[timer] ${e.body.timer_id} due ${e.body.due_at}`];
+    case "control_handled":
+      return [`${tag}[${e.body.role}] ${e.body.outcome}: ${oneLine(e.body.detail, 400)}`];
+    case "validator_result":
+      return [`${tag}[validator] \`${e.body.argv.join(" ")}\` ${e.body.passed ? "passed" : `failed (exit ${e.body.exit_code ?? "none"})`}`];
+    case "run_ended":
+      return [`${tag}run ${e.session} ended: ${e.body.result}: ${oneLine(e.body.reason, 400)}`];
+    default:
+      return [];
+  }
+}
+
+function oneLine(s: string, max: number): string {
+  const t = s.replace(/\s+/g, " ").trim();
+  return t.length > max ? `${t.slice(0, max - 3)}...` : t;
+}

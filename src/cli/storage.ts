@@ -1,0 +1,76 @@
+/**
+ * The one place that picks a concrete Storage adapter from flags and the environment.
+ */
+import { resolve } from "node:path";
+import type { Storage } from "../storage/contract.js";
+import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
+import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
+import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
+import type { Logger } from "pino";
+import { type Parsed, str, flag, UsageError } from "./args.js";
+
+/** Flags every command that touches a database takes. */
+export const STORAGE_FLAGS = {
+  db: { type: "string" },
+  storage: { type: "string" },
+  "data-dir": { type: "string" },
+  etcd: { type: "string" },
+  "on-outage": { type: "string" },
+  "allow-small-cluster": { type: "boolean" },
+} as const;
+
+export const STORAGE_HELP = `  --db NAME               the database (one per harness), e.g. harness-1
+  --storage KIND          memory | sqlite | replicated (default sqlite)
+  --data-dir DIR          where local files live (default ./.cairn)
+  --etcd URLS             replicated: comma-separated etcd endpoints (or CAIRN_ETCD_ENDPOINTS);
+                          credentials from CAIRN_ETCD_USER / CAIRN_ETCD_PASSWORD, TLS from
+                          CAIRN_ETCD_CA / CAIRN_ETCD_CERT / CAIRN_ETCD_KEY
+  --on-outage MODE        replicated: wait (default) or reject while the quorum is lost
+  --allow-small-cluster   replicated: accept fewer than 3 voting members (development only)`;
+
+export interface StorageChoice {
+  readonly storage: Storage;
+  readonly adapter: "memory" | "sqlite" | "replicated";
+  readonly dataDir: string;
+  readonly describe: string;
+}
+
+const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+export function dbName(p: Parsed, command: string): string {
+  const db = str(p, "db");
+  if (db === undefined || db === "") throw new UsageError(`cairn ${command}: --db is required (the database name, e.g. --db harness-1).`);
+  if (!NAME.test(db)) throw new UsageError(`cairn ${command}: --db "${db}" is not a valid name; use letters, digits, ".", "_" and "-" (at most 128, starting with a letter or digit).`);
+  return db;
+}
+
+export function chooseStorage(p: Parsed, command: string, env: NodeJS.ProcessEnv, logger?: Logger): StorageChoice {
+  const kind = str(p, "storage") ?? "sqlite";
+  const dataDir = resolve(str(p, "data-dir") ?? "./.cairn");
+  if (kind === "memory") {
+    return { storage: createMemoryStorage(), adapter: "memory", dataDir, describe: "memory (nothing survives this process)" };
+  }
+  if (kind === "sqlite") {
+    return { storage: createSqliteStorage({ dataDir }), adapter: "sqlite", dataDir, describe: `sqlite in ${dataDir}` };
+  }
+  if (kind === "replicated") {
+    const endpoints = (str(p, "etcd") ?? env.CAIRN_ETCD_ENDPOINTS ?? "").split(",").map((s) => s.trim()).filter((s) => s !== "");
+    if (endpoints.length === 0) throw new UsageError(`cairn ${command}: --storage replicated needs etcd endpoints: pass --etcd http://HOST:2379,... or set CAIRN_ETCD_ENDPOINTS.`);
+    const onOutage = str(p, "on-outage") ?? "wait";
+    if (onOutage !== "wait" && onOutage !== "reject") throw new UsageError(`cairn ${command}: --on-outage expects wait or reject, got "${onOutage}".`);
+    const storage = createReplicatedStorage({
+      endpoints,
+      dataDir,
+      onOutage,
+      allowSmallCluster: flag(p, "allow-small-cluster"),
+      ...(env.CAIRN_ETCD_USER ? { username: env.CAIRN_ETCD_USER } : {}),
+      ...(env.CAIRN_ETCD_PASSWORD ? { password: env.CAIRN_ETCD_PASSWORD } : {}),
+      ...(env.CAIRN_ETCD_CA || env.CAIRN_ETCD_CERT || env.CAIRN_ETCD_KEY
+        ? { tls: { ...(env.CAIRN_ETCD_CA ? { ca: env.CAIRN_ETCD_CA } : {}), ...(env.CAIRN_ETCD_CERT ? { cert: env.CAIRN_ETCD_CERT } : {}), ...(env.CAIRN_ETCD_KEY ? { key: env.CAIRN_ETCD_KEY } : {}) } }
+        : {}),
+      ...(logger ? { logger } : {}),
+    });
+    return { storage, adapter: "replicated", dataDir, describe: `replicated on etcd ${endpoints.join(",")} (cache in ${dataDir})` };
+  }
+  throw new UsageError(`cairn ${command}: --storage expects memory, sqlite or replicated, got "${kind}".`);
+}

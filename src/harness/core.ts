@@ -1,0 +1,38 @@
+/**
+ * What a session driver needs from its harness: the one commit path, the projection, the world.
+ * Kept as an interface so the round loop, dispatch and controls stay apart from ownership and I/O.
+ */
+import type { Logger } from "pino";
+import type { LogEvent, NewEvent } from "../state/events.js";
+import type { SessionProjection } from "../state/projection.js";
+import type { Model } from "../model/contract.js";
+import type { Metrics } from "../observability/metrics.js";
+import type { HarnessLimits } from "./options.js";
+import type { HarnessWorld } from "./world.js";
+
+export interface HarnessCore {
+  readonly name: string;
+  readonly world: HarnessWorld;
+  readonly model: Model;
+  readonly limits: HarnessLimits;
+  readonly logger: Logger;
+  readonly metrics: Metrics | null;
+  /** Where script cells are written. */
+  readonly scriptDir: string;
+  /** Environment given to every cell (the timer socket and friends), besides the session's own. */
+  readonly cellEnv: (session: string, cell: number) => Record<string, string>;
+  /**
+   * Commits one atomic batch and folds it into the projection before resolving. Serialized: commits
+   * from one harness never interleave. Throws the Storage errors; after a fence or an uncertain
+   * commit the harness stops and every later commit throws.
+   */
+  commit(events: readonly NewEvent[]): Promise<readonly LogEvent[]>;
+  session(id: string): SessionProjection | undefined;
+  headSeq(): number;
+  /** ISO timestamp from the injected clock. */
+  nowIso(): string;
+  /** True once the harness is closing, fenced or poisoned: launch nothing more. */
+  stopping(): boolean;
+  /** Resolves after `ms`, or early (false) when the harness stops. */
+  sleep(ms: number): Promise<boolean>;
+}

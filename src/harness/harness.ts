@@ -1,0 +1,542 @@
+/**
+ * The Harness: opens a database (claiming ownership), starts and resumes runs, takes outside
+ * observations, and follows committed events.
+ *
+ * It depends on the Storage contract only, never on an adapter. Every action outside the process
+ * (launching a cell, calling the model, firing a timer's effect) happens after the commit that
+ * authorizes it has resolved. Once fenced (another process opened the database) it launches nothing
+ * more, stops its running cells' process groups and rejects every call with `ResetError {action:
+ * "stop"}`; it never reopens on its own. After an uncertain commit it is poisoned: reopen to learn the
+ * truth from the log.
+ */
+import { randomUUID } from "node:crypto";
+import { mkdirSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { performance } from "node:perf_hooks";
+import pino, { type Logger } from "pino";
+import type { Admission } from "../state/admission.js";
+import { admit } from "../state/admission.js";
+import type { Budgets, LogEvent, NewEvent } from "../state/events.js";
+import { event, identity, parseLogEvent } from "../state/events.js";
+import type { SessionProjection } from "../state/projection.js";
+import { Reducer } from "../state/reducer.js";
+import type { Database, DatabaseSignal, Storage } from "../storage/contract.js";
+import { ResetError, StorageFailure, StorageRejected } from "../storage/errors.js";
+import { CairnError, ConfigError, hasCode } from "../errors.js";
+import type { Model } from "../model/contract.js";
+import type { Metrics } from "../observability/metrics.js";
+import type { HarnessCore } from "./core.js";
+import type { Inspection } from "./inspect.js";
+import { summarize } from "./inspect.js";
+import { checkOutsideObservation, OutsideObservation, outsideToObservation } from "./observations.js";
+import { defaultLimits, type HarnessLimits } from "./options.js";
+import { SessionDriver } from "./session.js";
+import { startTimerServer, type TimerReply, type TimerRequest } from "./timer-server.js";
+import { defaultWorld, type HarnessWorld } from "./world.js";
+
+export interface HarnessOpenOptions {
+  readonly storage: Storage;
+  /** The database name, e.g. `harness-1`. */
+  readonly name: string;
+  readonly model: Model;
+  /** Where script files and the timer socket live (default: a `cairn` folder in the OS temp dir). */
+  readonly workDir?: string;
+  /** Create the database when missing (default true). `cairn resume` passes false. */
+  readonly create?: boolean;
+  readonly world?: HarnessWorld;
+  readonly logger?: Logger;
+  readonly metrics?: Metrics;
+  readonly limits?: Partial<HarnessLimits>;
+}
+
+export interface StartOptions {
+  readonly goal: string;
+  /** The working directory cells and validators run in. */
+  readonly cwd: string;
+  /** Each validator is an argv run in `cwd` before a `success` conclusion is accepted. */
+  readonly validators?: readonly (readonly string[])[];
+  readonly budgets?: Budgets;
+}
+
+export interface RunOutcome {
+  readonly session: string;
+  readonly result: "success" | "failure";
+  readonly reason: string;
+}
+
+export type HarnessStatus = "open" | "fenced" | "poisoned" | "closed";
+
+export class Harness {
+  private readonly reducer = new Reducer();
+  private readonly drivers = new Map<string, SessionDriver>();
+  private readonly followers = new Set<(events: readonly LogEvent[]) => void>();
+  private readonly stopListeners = new Set<(status: HarnessStatus, error: CairnError | null) => void>();
+  private chain: Promise<unknown> = Promise.resolve();
+  private statusValue: HarnessStatus = "open";
+  private stopError: CairnError | null = null;
+  private unwatch: (() => void) | null = null;
+  private timerServer: { path: string; close(): Promise<void> } | null = null;
+  private draining = false;
+  private drainAgain = false;
+  private readonly sleepers = new Set<() => void>();
+  private readonly core: HarnessCore;
+
+  private constructor(
+    private readonly db: Database,
+    private readonly storage: Storage,
+    readonly name: string,
+    model: Model,
+    world: HarnessWorld,
+    readonly logger: Logger,
+    readonly metrics: Metrics | null,
+    limits: HarnessLimits,
+    workDir: string,
+  ) {
+    const scriptDir = join(workDir, "scripts", name);
+    mkdirSync(scriptDir, { recursive: true, mode: 0o700 });
+    this.core = {
+      name,
+      world,
+      model,
+      limits,
+      logger,
+      metrics,
+      scriptDir,
+      cellEnv: (session, cell) => {
+        const env: Record<string, string> = { CAIRN_DB: name, CAIRN_SESSION: session, CAIRN_CELL: String(cell) };
+        if (this.timerServer !== null) env.CAIRN_TIMER_SOCKET = this.timerServer.path;
+        return env;
+      },
+      commit: (events) => this.commit(events),
+      session: (id) => this.reducer.session(id),
+      headSeq: () => this.reducer.headSeq,
+      nowIso: () => new Date(world.clock.now()).toISOString(),
+      stopping: () => this.statusValue !== "open",
+      sleep: (ms) => this.sleep(ms),
+    };
+  }
+
+  /**
+   * Opens `name` on `storage`, claiming ownership (every earlier opener is fenced), and folds the
+   * log. Runs nothing: call `resume()` to continue unfinished runs, `start()` to begin one.
+   * Throws DatabaseNotFound when `create: false` and the database does not exist.
+   */
+  static async open(options: HarnessOpenOptions): Promise<Harness> {
+    const logger = options.logger ?? pino({ level: "silent" });
+    const world = options.world ?? defaultWorld();
+    const limits = defaultLimits(options.limits);
+    const workDir = options.workDir ?? join(tmpdir(), "cairn");
+    const db = await options.storage.open(options.name, { create: options.create ?? true });
+    const h = new Harness(db, options.storage, options.name, options.model, world, logger.child({ db: options.name, epoch: db.epoch, host: world.host }), options.metrics ?? null, limits, workDir);
+    try {
+      await h.load();
+      h.unwatch = db.watch((signal) => h.onSignal(signal));
+      h.timerServer = await startTimerServer(join(tmpdir(), `cairn-timer-${process.pid}-${randomUUID().slice(0, 8)}.sock`), (req) => h.registerTimer(req));
+    } catch (err) {
+      await db.close().catch(() => undefined);
+      throw err;
+    }
+    options.metrics?.opened();
+    h.reportStats();
+    h.logger.info({ head: h.reducer.headSeq, sessions: h.reducer.projection().order.length }, "database opened");
+    void h.drainMailbox();
+    return h;
+  }
+
+  private async load(): Promise<void> {
+    const page = 5000;
+    for (;;) {
+      const batch = await this.db.read(this.reducer.headSeq, page);
+      if (batch.length === 0) return;
+      this.reducer.apply(batch.map((e) => parseLogEvent(e)));
+      if (batch.length < page) return;
+    }
+  }
+
+  get status(): HarnessStatus {
+    return this.statusValue;
+  }
+
+  get epoch(): number {
+    return this.db.epoch;
+  }
+
+  /** The session ids in this database, in creation order. */
+  sessions(): readonly string[] {
+    return this.reducer.projection().order;
+  }
+
+  session(id: string): SessionProjection | undefined {
+    return this.reducer.session(id);
+  }
+
+  /**
+   * Starts a new run toward `goal`: commits `session_created`, then drives it. Returns the session
+   * id. The goal, cwd and validators are fixed for the run's life.
+   */
+  async start(options: StartOptions): Promise<string> {
+    this.assertOpen();
+    if (options.goal.trim() === "") throw new ConfigError("the goal is empty; say what the agent should achieve.");
+    const id = `s${this.reducer.projection().order.length + 1}`;
+    await this.commit([
+      event("session_created", id, identity.session(id), this.core.nowIso(), {
+        goal: options.goal,
+        cwd: options.cwd,
+        validators: (options.validators ?? []).map((v) => [...v]),
+        budgets: options.budgets ?? {},
+      }),
+    ]);
+    this.metrics?.runStarted();
+    this.driver(id).wake();
+    return id;
+  }
+
+  /**
+   * Continues every unfinished run: first recovery (a `started` execution without a result becomes
+   * UnknownExecution, after its surviving process group is stopped; nothing is re-run), then each
+   * session is scheduled. Idempotent: a second call recovers nothing new and schedules nothing twice.
+   */
+  async resume(): Promise<{ sessions: string[]; recovered: number }> {
+    this.assertOpen();
+    const unfinished = this.reducer.projection().order.filter((id) => this.reducer.session(id)!.terminal === null);
+    let recovered = 0;
+    for (const id of unfinished) recovered += await this.driver(id).recover();
+    for (const id of unfinished) this.driver(id).wake();
+    this.metrics?.resumed();
+    this.logger.info({ sessions: unfinished, recovered }, "resumed");
+    return { sessions: unfinished, recovered };
+  }
+
+  /**
+   * Delivers an outside observation to `session`'s inbox. The same id with the same content is a
+   * no-op (`duplicate: true`); harness prefixes (`execution:`, `timer:`, `control:`, `idle:`) are
+   * refused; the same id with other content is refused; a full inbox refuses with
+   * `StorageRejected {reason: "backlog_full"}`: retry later.
+   */
+  async post(session: string, observation: OutsideObservation): Promise<{ duplicate: boolean }> {
+    this.assertOpen();
+    const parsed = OutsideObservation.safeParse(observation);
+    if (!parsed.success) throw new ConfigError(`bad observation: ${parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ")}`);
+    const s = this.reducer.session(session);
+    if (s === undefined) throw new ConfigError(`session "${session}" does not exist in database "${this.name}".`);
+    const check = checkOutsideObservation(s, parsed.data, this.core.limits.inboxLimit);
+    if (!check.ok) {
+      if (check.reason === "inbox_full") throw new StorageRejected("backlog_full", check.message);
+      throw new StorageRejected(check.reason === "conflict" ? "conflict" : "invalid", check.message);
+    }
+    if (check.duplicate) return { duplicate: true };
+    const at = this.core.nowIso();
+    const obs = outsideToObservation(parsed.data, at);
+    await this.commit([event("inbox_received", session, identity.inbox(session, obs.id), at, { observation: obs })]);
+    return { duplicate: false };
+  }
+
+  /**
+   * Admits a `step` patch for round `turn` of `session` from outside the round loop (an external
+   * driver, or a re-submission after a lost acknowledgement). Re-submitting the accepted patch for a
+   * round returns the original receipt (`replay: true`) and changes nothing.
+   */
+  async submit(session: string, turn: string, patch: unknown): Promise<Admission> {
+    this.assertOpen();
+    const s = this.reducer.session(session);
+    if (s === undefined) throw new ConfigError(`session "${session}" does not exist in database "${this.name}".`);
+    const accepted = new Map<string, { patch: unknown; revision: number; newCellIds: number[] }>();
+    for (const t of s.turns.values()) if (t.accepted !== null) accepted.set(t.turn, { patch: t.accepted.patch, revision: t.accepted.revision, newCellIds: [] });
+    return admit({ state: s.state, executions: s.executions, cellsEver: s.cells, pendingObservations: s.pending.length, headSeq: this.reducer.headSeq, accepted }, patch, turn);
+  }
+
+  /** A plain-JSON summary of every session (or one). */
+  inspect(session?: string): Inspection {
+    return summarize(this.name, this.reducer.projection(), session);
+  }
+
+  /** Calls `listener` with each committed batch, in order, after it is folded. Returns an unsubscribe. */
+  follow(listener: (events: readonly LogEvent[]) => void): () => void {
+    this.followers.add(listener);
+    return () => this.followers.delete(listener);
+  }
+
+  /** Calls `listener` once the harness stops being the owner (fenced), is poisoned, or closes. */
+  onStop(listener: (status: HarnessStatus, error: CairnError | null) => void): () => void {
+    this.stopListeners.add(listener);
+    return () => this.stopListeners.delete(listener);
+  }
+
+  /**
+   * Resolves when `session` has ended. Rejects with the harness's stop error (ResetError when
+   * fenced, StorageFailure when poisoned) if it stops first.
+   */
+  wait(session: string): Promise<RunOutcome> {
+    return new Promise((resolve, reject) => {
+      const check = (): boolean => {
+        const s = this.reducer.session(session);
+        if (s?.terminal) {
+          cleanup();
+          resolve({ session, result: s.terminal.result, reason: s.terminal.reason });
+          return true;
+        }
+        if (this.statusValue !== "open") {
+          cleanup();
+          reject(this.stopError ?? new CairnError("internal", `the harness for "${this.name}" was closed before session ${session} ended`));
+          return true;
+        }
+        const d = this.drivers.get(session);
+        if (d?.error) {
+          cleanup();
+          reject(d.error);
+          return true;
+        }
+        return false;
+      };
+      const unfollow = this.follow(() => void check());
+      const unstop = this.onStop(() => void check());
+      const cleanup = () => {
+        unfollow();
+        unstop();
+      };
+      check();
+    });
+  }
+
+  /** Resolves when no driver has anything in flight (tests and shutdown use it). */
+  async settled(): Promise<void> {
+    await Promise.all([...this.drivers.values()].map((d) => d.settled()));
+  }
+
+  /**
+   * Closes: no new launches or model calls; running cells' process groups are stopped and their
+   * executions stay `started` in the log (the next owner records them as UnknownExecution); the
+   * database handle is released. Idempotent.
+   */
+  async close(): Promise<void> {
+    if (this.statusValue === "closed") return;
+    const wasOpen = this.statusValue === "open";
+    this.statusValue = "closed";
+    await this.shutdown("shutdown");
+    if (wasOpen) this.emitStop();
+    await this.chain.catch(() => undefined);
+    await this.db.close().catch(() => undefined);
+  }
+
+  // ---- internals -------------------------------------------------------------------------------
+
+  private driver(id: string): SessionDriver {
+    let d = this.drivers.get(id);
+    if (d === undefined) {
+      d = new SessionDriver(this.core, id);
+      this.drivers.set(id, d);
+    }
+    return d;
+  }
+
+  private assertOpen(): void {
+    if (this.statusValue === "open") return;
+    throw this.stopError ?? new CairnError("internal", `the harness for "${this.name}" is closed`);
+  }
+
+  /** The one commit path: serialized, folded, followed. */
+  private commit(events: readonly NewEvent[]): Promise<readonly LogEvent[]> {
+    const run = async (): Promise<readonly LogEvent[]> => {
+      this.assertOpen();
+      const t0 = performance.now();
+      try {
+        const receipt = await this.db.commit(events);
+        this.metrics?.commit(this.storage.adapter, "ok", (performance.now() - t0) / 1000, events.length);
+        let logged: LogEvent[];
+        if (receipt.firstSeq === this.reducer.headSeq + 1 && receipt.lastSeq === receipt.firstSeq + events.length - 1) {
+          logged = events.map((e, i) => ({ ...structuredClone(e), seq: receipt.firstSeq + i }) as LogEvent);
+        } else {
+          // Not contiguous with what we folded: read the truth back rather than guess.
+          logged = (await this.db.read(this.reducer.headSeq)).map((e) => parseLogEvent(e));
+        }
+        this.reducer.apply(logged);
+        this.afterCommit(logged);
+        return logged;
+      } catch (err) {
+        this.onCommitError(err, (performance.now() - t0) / 1000, events.length);
+        throw err;
+      }
+    };
+    const p = this.chain.then(run, run);
+    this.chain = p.catch(() => undefined);
+    return p;
+  }
+
+  private afterCommit(logged: readonly LogEvent[]): void {
+    for (const f of this.followers) {
+      try {
+        f(logged);
+      } catch (err) {
+        this.logger.error({ err }, "an event follower threw");
+      }
+    }
+    const sessions = new Set(logged.map((e) => e.session));
+    let consumed = false;
+    for (const e of logged) if (e.kind === "patch_accepted") consumed = true;
+    if (consumed) void this.drainMailbox();
+    for (const id of sessions) this.drivers.get(id)?.wake();
+    this.reportGauges();
+    this.metrics?.lastProgress(this.core.world.clock.now() / 1000);
+    for (const e of logged) if (e.kind === "run_ended") this.metrics?.runEnded(e.body.result);
+  }
+
+  private onCommitError(err: unknown, seconds: number, n: number): void {
+    const adapter = this.storage.adapter;
+    if (err instanceof ResetError || hasCode(err, "reset")) {
+      this.metrics?.commit(adapter, "fenced", seconds, n);
+      void this.becomeStopped("fenced", err as CairnError);
+    } else if (err instanceof StorageFailure || hasCode(err, "uncertain")) {
+      this.metrics?.commit(adapter, "uncertain", seconds, n);
+      void this.becomeStopped("poisoned", err as CairnError);
+    } else if (hasCode(err, "rejected")) {
+      this.metrics?.commit(adapter, "rejected", seconds, n);
+    }
+  }
+
+  private onSignal(signal: DatabaseSignal): void {
+    if (signal.type === "fenced") {
+      void this.becomeStopped("fenced", ResetError.fenced(this.name, this.db.epoch, signal.epoch));
+    } else if (signal.type === "mailbox") {
+      void this.drainMailbox();
+    }
+  }
+
+  private async becomeStopped(status: "fenced" | "poisoned", error: CairnError): Promise<void> {
+    if (this.statusValue !== "open") return;
+    this.statusValue = status;
+    this.stopError = error;
+    if (status === "fenced") {
+      this.metrics?.fenced();
+      this.logger.error({ err: error.message }, "fenced: another process opened this database; launching nothing more and stopping running cells");
+    } else {
+      this.logger.error({ err: error.message }, "a commit's outcome is unknown; the handle is poisoned: reopen to read the truth");
+    }
+    await this.shutdown(status);
+    this.emitStop();
+  }
+
+  private emitStop(): void {
+    for (const f of this.stopListeners) {
+      try {
+        f(this.statusValue, this.stopError);
+      } catch (err) {
+        this.logger.error({ err }, "a stop listener threw");
+      }
+    }
+  }
+
+  private async shutdown(reason: "shutdown" | "fenced" | "poisoned"): Promise<void> {
+    for (const wake of this.sleepers) wake();
+    this.sleepers.clear();
+    this.unwatch?.();
+    this.unwatch = null;
+    await Promise.all([...this.drivers.values()].map((d) => d.stop(reason === "shutdown" ? "shutdown" : "fenced")));
+    await this.timerServer?.close().catch(() => undefined);
+    this.timerServer = null;
+  }
+
+  private sleep(ms: number): Promise<boolean> {
+    if (this.statusValue !== "open") return Promise.resolve(false);
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(t);
+        this.sleepers.delete(done);
+        resolve(this.statusValue === "open");
+      };
+      const t = setTimeout(done, ms);
+      this.sleepers.add(done);
+    });
+  }
+
+  /** Moves outside observations from the storage mailbox into inboxes. Serialized. */
+  private async drainMailbox(): Promise<void> {
+    if (this.draining) {
+      this.drainAgain = true;
+      return;
+    }
+    this.draining = true;
+    try {
+      do {
+        this.drainAgain = false;
+        if (this.statusValue !== "open") return;
+        const messages = await this.db.drain();
+        let ackTo = 0;
+        for (const m of messages) {
+          const s = this.reducer.session(m.session);
+          const parsed = OutsideObservation.safeParse({ id: m.id, kind: m.kind, payload: m.payload });
+          if (s === undefined || !parsed.success) {
+            this.logger.warn({ session: m.session, id: m.id }, "dropped a mailbox message for an unknown session or with a bad shape");
+            ackTo = m.mseq;
+            continue;
+          }
+          const check = checkOutsideObservation(s, parsed.data, this.core.limits.inboxLimit);
+          if (!check.ok && check.reason === "inbox_full") break; // leave it (and later ones) in the mailbox
+          if (check.ok && !check.duplicate) {
+            const obs = outsideToObservation(parsed.data, m.at);
+            await this.commit([event("inbox_received", m.session, identity.inbox(m.session, obs.id), this.core.nowIso(), { observation: obs })]);
+          } else if (!check.ok) {
+            this.logger.warn({ session: m.session, id: m.id, reason: check.reason }, `refused a mailbox message: ${check.message}`);
+          }
+          ackTo = m.mseq;
+        }
+        if (ackTo > 0) await this.db.ack(ackTo);
+      } while (this.drainAgain);
+    } catch (err) {
+      if (this.statusValue === "open") this.logger.error({ err }, "could not drain the mailbox");
+    } finally {
+      this.draining = false;
+    }
+  }
+
+  private async registerTimer(req: TimerRequest): Promise<TimerReply> {
+    const s = this.reducer.session(req.session);
+    if (s === undefined) return { ok: false, error: `session "${req.session}" does not exist` };
+    if (s.terminal !== null) return { ok: false, error: `session ${req.session} has ended; it takes no timers` };
+    const existing = s.timers.get(req.timer_id);
+    if (existing !== undefined) return { ok: true, timer_id: existing.timer_id, due_at: existing.due_at };
+    const now = this.core.world.clock.now();
+    const due = req.due_at !== undefined ? Date.parse(req.due_at) : now + (req.delay_seconds ?? 0) * 1000;
+    const dueAt = new Date(due).toISOString();
+    await this.commit([
+      event("timer_registered", req.session, identity.timer(req.session, req.timer_id), this.core.nowIso(), {
+        timer_id: req.timer_id,
+        cell_id: req.cell ?? null,
+        due_at: dueAt,
+        note: req.note ?? null,
+      }),
+    ]);
+    return { ok: true, timer_id: req.timer_id, due_at: dueAt };
+  }
+
+  private reportGauges(): void {
+    const m = this.metrics;
+    if (m === null) return;
+    let queued = 0;
+    let running = 0;
+    let unknown = 0;
+    let inbox = 0;
+    let timers = 0;
+    let active = 0;
+    for (const s of this.reducer.projection().sessions.values()) {
+      if (s.terminal === null) active++;
+      inbox += s.pending.length;
+      for (const t of s.timers.values()) if (!t.fired) timers++;
+      for (const e of s.executions.values()) {
+        if (e.phase === "queued") queued++;
+        else if (e.phase === "started") running++;
+        else if (e.result === "UnknownExecution" && e.resolved_by === null) unknown++;
+      }
+    }
+    m.setExecutions(queued, running);
+    m.unresolvedUnknown(unknown);
+    m.setInbox(inbox);
+    m.setTimersPending(timers);
+    m.setRunsActive(active);
+    this.reportStats();
+  }
+
+  private reportStats(): void {
+    this.metrics?.storageStats(this.db.stats());
+  }
+}

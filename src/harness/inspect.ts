@@ -1,0 +1,132 @@
+/**
+ * The inspection: a plain-JSON summary of a database's projection, for `Harness.inspect()` and
+ * `cairn status --json`. Pure. Its shape is documented in the README ("cairn status --json") and
+ * covered by a test; change both together.
+ */
+import type { Projection, SessionProjection } from "../state/projection.js";
+import { isUnresolvedUnknown } from "../state/projection.js";
+import type { Usage } from "../state/schema.js";
+
+export interface CellSummary {
+  readonly id: number;
+  readonly kind: "note" | "script" | "cmd";
+  readonly previous_id: number | null;
+  /** A one-line description: the note's text, the command line, or the script's first code line. */
+  readonly summary: string;
+  readonly role?: string;
+  readonly in_context: boolean;
+}
+
+export interface ExecutionSummary {
+  readonly cell_id: number;
+  readonly kind: "script" | "cmd";
+  readonly phase: "queued" | "started" | "finished";
+  readonly result: string | null;
+  readonly exit_code: number | null;
+  readonly duration_ms: number | null;
+  readonly output_bytes: number;
+  readonly truncated: boolean;
+  readonly detail: string | null;
+  readonly pid: number | null;
+  readonly host: string | null;
+}
+
+export interface UnknownSummary {
+  readonly cell_id: number;
+  readonly reason: string;
+  readonly worker_stopped: boolean;
+  readonly evidence_refs: readonly string[];
+}
+
+export interface SessionSummary {
+  readonly id: string;
+  readonly goal: string;
+  readonly cwd: string;
+  readonly created_at: string;
+  /** "running" until the run ends, then "success" or "failure". */
+  readonly status: "running" | "success" | "failure";
+  readonly result: { readonly result: "success" | "failure"; readonly reason: string; readonly at: string } | null;
+  readonly revision: number;
+  readonly rounds: number;
+  readonly cells: readonly CellSummary[];
+  readonly executions: readonly ExecutionSummary[];
+  readonly unresolved_unknown: readonly UnknownSummary[];
+  readonly inbox: { readonly unread: number; readonly delivered: number };
+  readonly timers: readonly { readonly timer_id: string; readonly due_at: string; readonly fired: boolean }[];
+  readonly usage: Usage;
+  readonly budgets: SessionProjection["budgets"];
+  readonly validators: readonly (readonly string[])[];
+}
+
+export interface Inspection {
+  readonly schema: "cairn.status/1";
+  readonly db: string;
+  readonly head: number;
+  readonly sessions: readonly SessionSummary[];
+}
+
+export function summarize(db: string, p: Projection, only?: string): Inspection {
+  const ids = only === undefined ? p.order : p.order.filter((id) => id === only);
+  return { schema: "cairn.status/1", db, head: p.head, sessions: ids.map((id) => summarizeSession(p.sessions.get(id)!)) };
+}
+
+export function summarizeSession(s: SessionProjection): SessionSummary {
+  const inContext = new Set(s.state.cells.map((c) => c.id));
+  const cells: CellSummary[] = [...s.cells.values()]
+    .sort((a, b) => a.id - b.id)
+    .map((c) => {
+      const summary = c.kind === "note" ? c.text : c.kind === "cmd" ? c.argv.join(" ") : firstCodeLine(c.source);
+      return {
+        id: c.id,
+        kind: c.kind,
+        previous_id: c.previous_id,
+        summary: summary.length > 200 ? `${summary.slice(0, 197)}...` : summary,
+        ...(c.kind === "note" && c.role !== undefined ? { role: c.role } : {}),
+        in_context: inContext.has(c.id),
+      };
+    });
+  const executions: ExecutionSummary[] = [...s.executions.values()]
+    .sort((a, b) => a.cell_id - b.cell_id)
+    .map((e) => ({
+      cell_id: e.cell_id,
+      kind: e.kind,
+      phase: e.phase,
+      result: e.result,
+      exit_code: e.exit_code,
+      duration_ms: e.duration_ms,
+      output_bytes: e.output_bytes,
+      truncated: e.dropped_bytes > 0,
+      detail: e.detail,
+      pid: e.started?.pid ?? null,
+      host: e.started?.host ?? null,
+    }));
+  const unresolved = [...s.executions.values()].filter(isUnresolvedUnknown).map((e) => ({
+    cell_id: e.cell_id,
+    reason: e.unknown?.reason ?? "unknown",
+    worker_stopped: e.unknown?.worker_stopped ?? false,
+    evidence_refs: e.unknown?.evidence_refs ?? [],
+  }));
+  return {
+    id: s.id,
+    goal: s.goal,
+    cwd: s.cwd,
+    created_at: s.created_at,
+    status: s.terminal === null ? "running" : s.terminal.result,
+    result: s.terminal,
+    revision: s.state.revision,
+    rounds: s.turn_count,
+    cells,
+    executions,
+    unresolved_unknown: unresolved,
+    inbox: { unread: s.pending.length, delivered: s.delivered.length },
+    timers: [...s.timers.values()].map((t) => ({ timer_id: t.timer_id, due_at: t.due_at, fired: t.fired })),
+    usage: s.state.runtime.usage,
+    budgets: s.budgets,
+    validators: s.validators,
+  };
+}
+
+function firstCodeLine(source: string): string {
+  const line = source.split("\n").find((l) => l.trim() !== "" && !l.trim().startsWith("#"));
+  return `python: ${line?.trim() ?? "(comments only)"}`;
+}

@@ -1,0 +1,64 @@
+/**
+ * Observations that enter a session's inbox: the harness's own (executions, timers, controls, idle)
+ * and outside ones (posted through `Harness.post` or the storage mailbox).
+ */
+import { z } from "zod";
+import type { SessionProjection } from "../state/projection.js";
+import type { Observation } from "../state/schema.js";
+import { JsonValue, RESERVED_OBSERVATION_PREFIXES } from "../state/schema.js";
+
+/** What an outside sender provides. `id` is the sender's stable id: redelivery is a no-op. */
+export const OutsideObservation = z.strictObject({
+  id: z.string().min(1).max(200),
+  kind: z.string().min(1).max(100),
+  payload: JsonValue,
+});
+export type OutsideObservation = z.infer<typeof OutsideObservation>;
+
+export type AdmitObservation =
+  | { readonly ok: true; readonly duplicate: boolean }
+  | { readonly ok: false; readonly reason: "forged" | "conflict" | "inbox_full" | "ended" | "invalid"; readonly message: string };
+
+/**
+ * Decides whether an outside observation may enter `session`'s inbox. Pure.
+ * A reserved prefix is refused (it cannot be forged from outside); the same id with the same kind and
+ * payload is a duplicate (a no-op); the same id with other content is refused; a full inbox tells the
+ * sender to retry; an ended run takes nothing.
+ */
+export function checkOutsideObservation(session: SessionProjection, obs: OutsideObservation, inboxLimit: number): AdmitObservation {
+  const reserved = RESERVED_OBSERVATION_PREFIXES.find((p) => obs.id.startsWith(p));
+  if (reserved !== undefined) {
+    return { ok: false, reason: "forged", message: `observation ids starting with "${reserved}" are reserved for the harness; choose another id.` };
+  }
+  const existing = session.observations.get(obs.id);
+  if (existing !== undefined) {
+    if (existing.kind === obs.kind && canonical(existing.payload) === canonical(obs.payload)) return { ok: true, duplicate: true };
+    return { ok: false, reason: "conflict", message: `observation "${obs.id}" was already delivered to session ${session.id} with other content; use a new id for new content.` };
+  }
+  if (session.terminal !== null) {
+    return { ok: false, reason: "ended", message: `session ${session.id} has ended (${session.terminal.result}); it takes no more observations.` };
+  }
+  if (session.pending.length >= inboxLimit) {
+    return { ok: false, reason: "inbox_full", message: `the inbox of session ${session.id} is full (${inboxLimit} unread observations); retry later.` };
+  }
+  return { ok: true, duplicate: false };
+}
+
+export function outsideToObservation(obs: OutsideObservation, at: string): Observation {
+  return { id: obs.id, source: "external", kind: obs.kind, at, payload: obs.payload };
+}
+
+/** JSON with sorted keys: equal content gives equal text. */
+export function canonical(value: unknown): string {
+  return JSON.stringify(sortKeys(value));
+}
+
+function sortKeys(value: unknown): unknown {
+  if (Array.isArray(value)) return value.map(sortKeys);
+  if (value !== null && typeof value === "object") {
+    const out: Record<string, unknown> = {};
+    for (const k of Object.keys(value as Record<string, unknown>).sort()) out[k] = sortKeys((value as Record<string, unknown>)[k]);
+    return out;
+  }
+  return value;
+}

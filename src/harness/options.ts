@@ -1,0 +1,33 @@
+/**
+ * Harness options: one zod schema, parsed once at the edge, frozen, passed down.
+ */
+import { z } from "zod";
+
+/** Limits with their defaults. Every one is documented in the README's operations section. */
+export const HarnessLimits = z.strictObject({
+  /** Wall-time limit of one execution, in ms (default 30 min). */
+  executionWallTimeMs: z.number().int().positive().default(30 * 60_000),
+  /** Output captured per execution, in bytes (default 1 MiB); past it output is dropped and counted. */
+  executionOutputLimitBytes: z.number().int().positive().default(1024 * 1024),
+  /** How often output is committed while a cell runs, in ms (default 100). */
+  outputFlushMs: z.number().int().positive().default(100),
+  /** Attempts per model round (lost responses and rejected patches both count) before the run fails. */
+  maxAttemptsPerTurn: z.number().int().positive().default(6),
+  /** First retry delay after a lost or partial response, doubled each time, in ms. */
+  retryBaseMs: z.number().int().nonnegative().default(500),
+  /** Unread observations per session before new ones are refused (the sender retries). */
+  inboxLimit: z.number().int().positive().default(256),
+  /** Observations delivered to one round at most; the rest wait for the next. */
+  deliverPerRound: z.number().int().positive().default(32),
+  /** Consecutive idle decisions after which the run ends as a failure. */
+  maxIdle: z.number().int().positive().default(3),
+  /** Wall-time limit of one validator, in ms. */
+  validatorWallTimeMs: z.number().int().positive().default(10 * 60_000),
+  /** Grace before SIGKILL when stopping a process group, in ms. */
+  stopGraceMs: z.number().int().nonnegative().default(2000),
+});
+export type HarnessLimits = z.infer<typeof HarnessLimits>;
+
+export function defaultLimits(overrides: Partial<HarnessLimits> = {}): HarnessLimits {
+  return Object.freeze(HarnessLimits.parse(overrides));
+}
