@@ -12,6 +12,7 @@ import { durationSeconds, flag, list, parse, positiveInt, required, splitCommand
 import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 import { followProgress } from "./progress.js";
+import { chaosFaults } from "./chaos.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 
 const RUN_FLAGS = {
@@ -118,10 +119,11 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, begin: (h: Ha
   const name = dbName(p, command);
   const logger = makeLogger(p, "warn");
   const model = makeModel(p, command, io.env);
+  const faults = chaosFaults(io.env);
   const choice = chooseStorage(p, command, io.env, logger);
   let h: Harness;
   try {
-    h = await Harness.open({ storage: choice.storage, name, model, workDir: choice.dataDir, create: command === "run", logger });
+    h = await Harness.open({ storage: choice.storage, name, model, workDir: choice.dataDir, create: command === "run", logger, ...(faults ? { faults } : {}) });
   } catch (err) {
     await choice.storage.close().catch(() => undefined);
     throw err;

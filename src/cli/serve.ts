@@ -10,6 +10,7 @@ import { parse, str, UsageError } from "./args.js";
 import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 import { makeLogger, makeModel } from "./run.js";
+import { chaosFaults } from "./chaos.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 
 const HELP = `usage: cairn serve --db NAME --model SPEC [--listen HOST:PORT] [--log-level LEVEL]
@@ -38,7 +39,8 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   const metrics = new Metrics({ adapter: choice.adapter });
   let h: Harness;
   try {
-    h = await Harness.open({ storage: choice.storage, name, model, workDir: choice.dataDir, logger, metrics });
+    const faults = chaosFaults(io.env);
+    h = await Harness.open({ storage: choice.storage, name, model, workDir: choice.dataDir, logger, metrics, ...(faults ? { faults } : {}) });
   } catch (err) {
     await choice.storage.close().catch(() => undefined);
     throw err;

@@ -10,6 +10,17 @@ import type { Metrics } from "../observability/metrics.js";
 import type { HarnessLimits } from "./options.js";
 import type { HarnessWorld } from "./world.js";
 
+/**
+ * Boundaries where a test can stop the world (DBOS's debugpoint idea): the chaos suite SIGKILLs the
+ * process at each. Undefined in production: no cost.
+ */
+export type HarnessFaultPoint =
+  | "patch:committed" // a patch was accepted and committed; nothing dispatched yet
+  | "execution:started-committed" // the launch is authorized and committed; the child has not run
+  | "execution:exited" // the child exited; its result is not committed yet
+  | "model:response-committed"; // a complete model response is committed; not admitted yet
+export type HarnessFaults = (point: HarnessFaultPoint, detail: { session: string; cell?: number; turn?: string }) => void | Promise<void>;
+
 export interface HarnessCore {
   readonly name: string;
   readonly world: HarnessWorld;
@@ -17,6 +28,7 @@ export interface HarnessCore {
   readonly limits: HarnessLimits;
   readonly logger: Logger;
   readonly metrics: Metrics | null;
+  readonly faults: HarnessFaults | null;
   /** Where script cells are written. */
   readonly scriptDir: string;
   /** Environment given to every cell (the timer socket and friends), besides the session's own. */

@@ -26,7 +26,7 @@ import { ResetError, StorageFailure, StorageRejected } from "../storage/errors.j
 import { CairnError, ConfigError, hasCode } from "../errors.js";
 import type { Model } from "../model/contract.js";
 import type { Metrics } from "../observability/metrics.js";
-import type { HarnessCore } from "./core.js";
+import type { HarnessCore, HarnessFaults } from "./core.js";
 import type { Inspection } from "./inspect.js";
 import { summarize } from "./inspect.js";
 import { checkOutsideObservation, OutsideObservation, outsideToObservation } from "./observations.js";
@@ -48,6 +48,8 @@ export interface HarnessOpenOptions {
   readonly logger?: Logger;
   readonly metrics?: Metrics;
   readonly limits?: Partial<HarnessLimits>;
+  /** Test-only fault points (see HarnessFaults). */
+  readonly faults?: HarnessFaults;
 }
 
 export interface StartOptions {
@@ -92,6 +94,7 @@ export class Harness {
     readonly metrics: Metrics | null,
     limits: HarnessLimits,
     workDir: string,
+    faults: HarnessFaults | null,
   ) {
     const scriptDir = join(workDir, "scripts", name);
     mkdirSync(scriptDir, { recursive: true, mode: 0o700 });
@@ -102,6 +105,7 @@ export class Harness {
       limits,
       logger,
       metrics,
+      faults,
       scriptDir,
       cellEnv: (session, cell) => {
         const env: Record<string, string> = { CAIRN_DB: name, CAIRN_SESSION: session, CAIRN_CELL: String(cell) };
@@ -128,7 +132,7 @@ export class Harness {
     const limits = defaultLimits(options.limits);
     const workDir = options.workDir ?? join(tmpdir(), "cairn");
     const db = await options.storage.open(options.name, { create: options.create ?? true });
-    const h = new Harness(db, options.storage, options.name, options.model, world, logger.child({ db: options.name, epoch: db.epoch, host: world.host }), options.metrics ?? null, limits, workDir);
+    const h = new Harness(db, options.storage, options.name, options.model, world, logger.child({ db: options.name, epoch: db.epoch, host: world.host }), options.metrics ?? null, limits, workDir, options.faults ?? null);
     try {
       await h.load();
       h.unwatch = db.watch((signal) => h.onSignal(signal));

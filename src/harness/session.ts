@@ -385,6 +385,7 @@ export class SessionDriver {
       await prepared.abort();
       throw err;
     }
+    await this.core.faults?.("execution:started-committed", { session: this.id, cell: cell.id });
     const authorized = this.core.world.clock.now();
     const running: Running = { cellId: cell.id, stop: (reason) => prepared.stop(reason), cancelled: false };
     this.running = running;
@@ -426,6 +427,7 @@ export class SessionDriver {
       unknown,
     } as const;
     const obs = executionObservation(cellId, at, body.result, body.exit_code, body.detail, unknown, this.s.executions.get(cellId));
+    if (running !== null) await this.core.faults?.("execution:exited", { session: this.id, cell: cellId });
     await this.core.commit([
       event("execution_finished", this.id, identity.finished(this.id, cellId), at, body),
       event("inbox_received", this.id, identity.inbox(this.id, obs.id), at, { observation: obs }),
@@ -486,6 +488,7 @@ export class SessionDriver {
           this.core.metrics?.modelAttempt("ok");
           if (reply.usage) this.core.metrics?.tokens(reply.usage.input_tokens, reply.usage.output_tokens);
           await this.core.commit([event("model_response", this.id, identity.response(turn, attempt), this.core.nowIso(), { turn, attempt, patch: toJson(reply.patch), usage: reply.usage })]);
+          await this.core.faults?.("model:response-committed", { session: this.id, turn });
           patch = reply.patch;
         } catch (err) {
           if (this.core.stopping()) return;
@@ -573,6 +576,7 @@ export class SessionDriver {
     }
     await this.core.commit(events);
     this.core.logger.info({ session: this.id, turn, revision: r.revision, new_cells: r.newCells.map((c) => c.id) }, "patch accepted");
+    await this.core.faults?.("patch:committed", { session: this.id, turn });
     return true;
   }
 
