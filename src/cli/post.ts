@@ -36,7 +36,7 @@ export async function postCommand(argv: readonly string[], io: Io): Promise<numb
   }
   const obs = OutsideObservation.safeParse({ id, kind, payload });
   if (!obs.success) throw new UsageError(`cairn post: ${obs.error.issues.map((i) => `--${i.path.join(".")}: ${i.message}`).join("; ")}`);
-  const choice = chooseStorage(p, "post", io.env);
+  const choice = await chooseStorage(p, "post", io.env);
   try {
     // Check what can be checked without ownership: the run exists, the id is not forged or in conflict.
     const reader = await choice.storage.reader(name);

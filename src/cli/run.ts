@@ -120,7 +120,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, begin: (h: Ha
   const logger = makeLogger(p, "warn");
   const model = makeModel(p, command, io.env);
   const faults = chaosFaults(io.env);
-  const choice = chooseStorage(p, command, io.env, logger);
+  const choice = await chooseStorage(p, command, io.env, logger);
   let h: Harness;
   try {
     h = await Harness.open({ storage: choice.storage, name, model, workDir: choice.dataDir, create: command === "run", logger, ...(faults ? { faults } : {}) });

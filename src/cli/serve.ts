@@ -35,7 +35,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   const logger = makeLogger(p, "info");
   const model = makeModel(p, "serve", io.env);
   const listen = str(p, "listen") ?? "127.0.0.1:9464";
-  const choice = chooseStorage(p, "serve", io.env, logger);
+  const choice = await chooseStorage(p, "serve", io.env, logger);
   const metrics = new Metrics({ adapter: choice.adapter });
   let h: Harness;
   try {

@@ -25,7 +25,7 @@ export async function statusCommand(argv: readonly string[], io: Io): Promise<nu
   }
   if (p.positionals.length > 0) throw new UsageError(`cairn status takes no arguments besides flags, got "${p.positionals.join(" ")}".`);
   const name = dbName(p, "status");
-  const choice = chooseStorage(p, "status", io.env);
+  const choice = await chooseStorage(p, "status", io.env);
   try {
     const inspection = await readInspection(choice.storage, name, str(p, "session"));
     if (flag(p, "json")) io.out(JSON.stringify(inspection, null, 2));

@@ -5,7 +5,6 @@ import { resolve } from "node:path";
 import type { Storage } from "../storage/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
-import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import type { Logger } from "pino";
 import { type Parsed, str, flag, UsageError } from "./args.js";
 
@@ -44,7 +43,8 @@ export function dbName(p: Parsed, command: string): string {
   return db;
 }
 
-export function chooseStorage(p: Parsed, command: string, env: NodeJS.ProcessEnv, logger?: Logger): StorageChoice {
+/** Picks the adapter. The replicated one (and its gRPC client) is loaded only when chosen. */
+export async function chooseStorage(p: Parsed, command: string, env: NodeJS.ProcessEnv, logger?: Logger): Promise<StorageChoice> {
   const kind = str(p, "storage") ?? "sqlite";
   const dataDir = resolve(str(p, "data-dir") ?? "./.cairn");
   if (kind === "memory") {
@@ -58,6 +58,7 @@ export function chooseStorage(p: Parsed, command: string, env: NodeJS.ProcessEnv
     if (endpoints.length === 0) throw new UsageError(`cairn ${command}: --storage replicated needs etcd endpoints: pass --etcd http://HOST:2379,... or set CAIRN_ETCD_ENDPOINTS.`);
     const onOutage = str(p, "on-outage") ?? "wait";
     if (onOutage !== "wait" && onOutage !== "reject") throw new UsageError(`cairn ${command}: --on-outage expects wait or reject, got "${onOutage}".`);
+    const { createReplicatedStorage } = await import("../../storage-adapters/replicated/index.js");
     const storage = createReplicatedStorage({
       endpoints,
       dataDir,
