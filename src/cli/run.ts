@@ -81,8 +81,8 @@ export async function resumeCommand(argv: readonly string[], io: Io): Promise<nu
   }
   return drive("resume", p, io, async (h, say) => {
     const r = await h.resume();
-    if (r.sessions.length === 0) say("nothing to resume: every run in this database has ended");
-    else say(`resuming ${r.sessions.length} run(s): ${r.sessions.join(", ")}${r.recovered ? `; ${r.recovered} interrupted cell(s) recorded as UnknownExecution` : ""}`);
+    if (r.sessions.length === 0) say("cairn: nothing to resume: every run in this database has ended");
+    else say(`cairn: resuming ${r.sessions.length} run(s): ${r.sessions.join(", ")}${r.recovered ? `; ${r.recovered} interrupted cell(s) recorded as UnknownExecution` : ""}`);
     return r.sessions;
   });
 }
@@ -115,7 +115,7 @@ export function makeModel(p: Parsed, command: string, env: NodeJS.ProcessEnv): M
  */
 async function drive(command: "run" | "resume", p: Parsed, io: Io, begin: (h: Harness, say: (s: string) => void) => Promise<readonly string[]>): Promise<number> {
   const json = flag(p, "json");
-  const say = (s: string) => (json ? io.err(`cairn: ${s}`) : io.out(s));
+  const say = (s: string) => (json ? io.err(s) : io.out(s));
   const name = dbName(p, command);
   const logger = makeLogger(p, "warn");
   const model = makeModel(p, command, io.env);

@@ -1,0 +1,323 @@
+/**
+ * The executor: runs one cmd or script cell in its own process group, behind a gate.
+ *
+ * `prepare` spawns a tiny gate (`/bin/sh` blocked reading its stdin) in a new session and process
+ * group, and returns the gate's identity (pid, pgid, start time) BEFORE any of the cell's code runs.
+ * The harness commits `execution_started` with that identity, then calls `release()`: the gate reads
+ * "go" and `exec`s the cell's argv, keeping the same pid, process group and start time. If the
+ * harness dies before releasing, the gate reads end-of-file and exits 125: nothing ran.
+ *
+ * The gate is started with execa (`detached` for setsid, `cleanup: false` so no exit hook kills the
+ * child, `buffer: false` to stream output). Stopping uses our own group signals: execa's kill and
+ * timeout reach only the direct child, and a cell's grandchildren must stop with it.
+ *
+ * No exit hook kills children when this process exits: a surviving group is found and stopped by the
+ * next process with `stopSurvivor` (identity.ts), which is what durability requires.
+ */
+import { execa } from "execa";
+import { once } from "node:events";
+import { statSync } from "node:fs";
+import { CairnError } from "../errors.js";
+import type { ProcessIdentity } from "../state/projection.js";
+import { terminateGroup } from "./group.js";
+import { bootId, hostName } from "./identity.js";
+import { type LaunchCell, probePythonVersion, resolveLaunch } from "./launch.js";
+import { type OutputChunk, OutputCapture } from "./output.js";
+import { liveGroupMembers, readProcStat } from "./procfs.js";
+import { which as defaultWhich } from "./which.js";
+
+/** One cell launch. */
+export interface LaunchSpec {
+  cellId: number;
+  cell: LaunchCell;
+  /** Working directory of the cell; must exist. */
+  cwd: string;
+  /** Where script files are written (e.g. `<dataDir>/scripts/<session>`); created if missing. */
+  scriptDir: string;
+  /** Extra environment on top of this process's (the harness adds CAIRN_TIMER_SOCKET etc.). */
+  env?: Record<string, string>;
+  /** Wall-time limit from release, in ms. */
+  wallTimeMs: number;
+  /** Total captured bytes (stdout + stderr); past it output is dropped, counted and marked. */
+  outputLimitBytes: number;
+  /** Minimum time between two `onOutput` calls, in ms. Default 100. */
+  flushIntervalMs?: number;
+  /** Receives output batches, awaited and never concurrently; the harness commits them. */
+  onOutput: (chunks: { stream: "stdout" | "stderr"; data: string }[]) => Promise<void>;
+}
+
+/** How an execution ended. */
+export interface ExecutionOutcome {
+  result: "success" | "error" | "cancelled";
+  exit_code: number | null;
+  signal: string | null;
+  duration_ms: number;
+  output_bytes: number;
+  dropped_bytes: number;
+  detail: string | null;
+}
+
+/** A gated launch: the process exists, stopped at the gate, with its identity known. */
+export interface GatedLaunch {
+  kind: "gated";
+  /** The gate's identity; `exec` keeps pid, pgid and start time, so it is the cell's identity too. */
+  identity: ProcessIdentity;
+  /** Lets the cell's code run. Call once, after `execution_started` is committed. Throws if aborted or stopped. */
+  release(): void;
+  /** Before release: kills the gate (nothing ran) and resolves once its group is gone. After release: `stop("cancelled")`. */
+  abort(): Promise<void>;
+  /** Kills the whole process group (SIGTERM, grace, SIGKILL); resolves once `done` has settled. */
+  stop(reason: "cancelled" | "shutdown"): Promise<void>;
+  /**
+   * The outcome, once the leader exited, leftovers of its group were stopped and all output was
+   * delivered. Rejects with the error `onOutput` threw, if it threw (output after it was not delivered).
+   */
+  done: Promise<ExecutionOutcome>;
+}
+
+/** What `prepare` returns. */
+export type Prepared = { kind: "unlaunchable"; outcome: ExecutionOutcome } | GatedLaunch;
+
+/** Options of {@link createExecutor}. */
+export interface ExecutorOptions {
+  /** PATH lookup of a bare command name. Default: search `process.env.PATH`. */
+  which?: (cmd: string) => string | null;
+  /** Wall clock in ms, for `duration_ms`. Default `Date.now`. */
+  now?: () => number;
+  /** SIGTERM-to-SIGKILL grace when stopping a group (stop, wall time, leftovers). Default 2000 ms. */
+  killGraceMs?: number;
+}
+
+/** The executor handed to the harness. */
+export interface Executor {
+  /** Resolves the cell and spawns it gated; see {@link GatedLaunch}. Throws only on programming or I/O errors. */
+  prepare(spec: LaunchSpec): Promise<Prepared>;
+}
+
+/**
+ * The gate. "$@" is the cell's argv, never interpreted by the shell. stdin of the cell is /dev/null.
+ * Exit 125 means the gate was not released (its stdin closed without "go"): the cell never ran.
+ */
+const GATE_SCRIPT = 'IFS= read -r go; [ "$go" = go ] || exit 125; exec "$@" </dev/null';
+/** Exit code of a gate that was closed without being released. */
+export const GATE_NOT_RELEASED_EXIT = 125;
+
+/** How long to wait for the output pipes to close after the whole group is gone, before giving up on them. */
+const PIPE_DRAIN_MS = 2000;
+
+function unlaunchable(detail: string): Prepared {
+  return {
+    kind: "unlaunchable",
+    outcome: { result: "error", exit_code: null, signal: null, duration_ms: 0, output_bytes: 0, dropped_bytes: 0, detail },
+  };
+}
+
+function describeExit(code: number | null, signal: string | null): string {
+  return signal !== null ? `killed by ${signal}` : `exited with code ${code}`;
+}
+
+function formatSeconds(ms: number): string {
+  return `${Number((ms / 1000).toFixed(3))}`;
+}
+
+/**
+ * Creates an executor. Each `prepare` is independent; the executor holds no state but a cached
+ * `python3 --version`.
+ */
+export function createExecutor(opts: ExecutorOptions = {}): Executor {
+  const whichFn = opts.which ?? ((cmd: string) => defaultWhich(cmd));
+  const now = opts.now ?? Date.now;
+  const killGraceMs = opts.killGraceMs ?? 2000;
+  const pythonVersions = new Map<string, Promise<string | null>>();
+  const pythonVersion = (python3: string): Promise<string | null> => {
+    let v = pythonVersions.get(python3);
+    if (v === undefined) {
+      v = probePythonVersion(python3);
+      pythonVersions.set(python3, v);
+    }
+    return v;
+  };
+
+  async function prepare(spec: LaunchSpec): Promise<Prepared> {
+    if (!Number.isInteger(spec.cellId) || spec.cellId < 0) throw new CairnError("usage", `cellId must be an integer >= 0, got ${spec.cellId}`);
+    if (!(spec.wallTimeMs > 0)) throw new CairnError("usage", `wallTimeMs must be > 0, got ${spec.wallTimeMs}`);
+    if (!Number.isInteger(spec.outputLimitBytes) || spec.outputLimitBytes < 0) {
+      throw new CairnError("usage", `outputLimitBytes must be an integer >= 0, got ${spec.outputLimitBytes}`);
+    }
+    let cwdOk = false;
+    try {
+      cwdOk = statSync(spec.cwd).isDirectory();
+    } catch (_err) {
+      cwdOk = false;
+    }
+    if (!cwdOk) return unlaunchable(`working directory does not exist or is not a directory: ${spec.cwd}`);
+
+    const resolved = await resolveLaunch(spec.cell, { cellId: spec.cellId, cwd: spec.cwd, scriptDir: spec.scriptDir }, { which: whichFn, pythonVersion });
+    if (!resolved.ok) return unlaunchable(resolved.detail);
+
+    const capture = new OutputCapture({
+      limitBytes: spec.outputLimitBytes,
+      flushIntervalMs: spec.flushIntervalMs ?? 100,
+      onOutput: spec.onOutput as (chunks: OutputChunk[]) => Promise<void>,
+    });
+    const child = execa("/bin/sh", ["-c", GATE_SCRIPT, "cairn-gate", ...resolved.argv], {
+      cwd: spec.cwd,
+      env: { ...resolved.env, ...spec.env },
+      extendEnv: true,
+      detached: true,
+      cleanup: false,
+      buffer: false,
+      reject: false,
+      encoding: "buffer",
+      stdin: "pipe",
+      stdout: "pipe",
+      stderr: "pipe",
+    });
+    // The result is read from the ChildProcess events below; this only keeps a rejection from going unhandled.
+    void Promise.resolve(child).catch(() => undefined);
+    child.stdin?.on("error", () => undefined);
+
+    try {
+      await Promise.race([once(child, "spawn"), once(child, "error").then(([err]) => Promise.reject(err as Error))]);
+    } catch (err) {
+      return unlaunchable(`could not start /bin/sh for the launch gate: ${(err as Error).message}`);
+    }
+    const pid = child.pid;
+    const stat = pid === undefined ? null : readProcStat(pid);
+    if (pid === undefined || stat === null || stat.pgid !== pid) {
+      if (pid !== undefined) await terminateGroup(pid, { graceMs: 0 });
+      throw new CairnError("internal", `the launch gate (pid ${pid}) is not the leader of its own process group or vanished before release`);
+    }
+    const identity: ProcessIdentity = { host: hostName(), boot_id: bootId(), pid, pgid: pid, start_time: stat.startTime };
+
+    type Phase = "gated" | "released" | "aborted" | "exited";
+    let phase: Phase = "gated";
+    let releasedAt: number | null = null;
+    let stopReason: "cancelled" | "shutdown" | "abort" | null = null;
+    let timedOut = false;
+    let wallTimer: NodeJS.Timeout | null = null;
+    let killing: Promise<unknown> | null = null;
+    const killGroup = (graceMs: number): Promise<unknown> => {
+      killing ??= terminateGroup(pid, { graceMs });
+      return killing;
+    };
+
+    const streamsClosed = Promise.all(
+      (["stdout", "stderr"] as const).map((name) => {
+        const stream = child[name];
+        if (stream === null || stream === undefined) return Promise.resolve();
+        stream.on("data", (data: Buffer) => capture.push(name, data));
+        return new Promise<void>((resolve) => {
+          stream.once("close", () => resolve());
+          stream.once("error", () => resolve());
+        });
+      }),
+    );
+    const exited = new Promise<{ code: number | null; signal: string | null }>((resolve) => {
+      child.once("exit", (code, signal) => resolve({ code, signal }));
+    });
+
+    const done = (async (): Promise<ExecutionOutcome> => {
+      const { code, signal } = await exited;
+      const endedAt = now();
+      const wasReleased = releasedAt !== null;
+      phase = "exited";
+      if (wallTimer !== null) clearTimeout(wallTimer);
+      // The leader is gone; the cell's group must not outlive it (background children it left behind).
+      let leftovers = "";
+      if (killing !== null) await killing;
+      const left = liveGroupMembers(pid);
+      if (left.length > 0) {
+        const stopped = await terminateGroup(pid, { graceMs: killGraceMs });
+        leftovers = stopped.empty
+          ? `; ${left.length} process(es) it left running in its process group were stopped`
+          : `; processes ${stopped.remaining.join(", ")} of its process group could not be stopped`;
+      }
+      // Pipes close once every holder is gone; a process that left the group could keep them open.
+      let drainTimer: NodeJS.Timeout | null = null;
+      const drained = await Promise.race([
+        streamsClosed.then(() => true),
+        new Promise<boolean>((resolve) => {
+          drainTimer = setTimeout(() => resolve(false), PIPE_DRAIN_MS);
+        }),
+      ]);
+      if (drainTimer !== null) clearTimeout(drainTimer);
+      if (!drained) {
+        child.stdout?.destroy();
+        child.stderr?.destroy();
+        leftovers += "; output after the process group ended was not captured (a process outside the group kept the pipes open)";
+      }
+      const duration = releasedAt === null ? 0 : Math.max(0, endedAt - releasedAt);
+      await capture.finish();
+      const base = { exit_code: code, signal, duration_ms: duration, output_bytes: capture.outputBytes, dropped_bytes: capture.droppedBytes };
+      if (!wasReleased) {
+        const why =
+          stopReason === "abort"
+            ? "aborted before release"
+            : stopReason === "shutdown"
+              ? "stopped before release by harness shutdown"
+              : stopReason === "cancelled"
+                ? "cancelled before release"
+                : `the launch gate ended before release (${describeExit(code, signal)})`;
+        return { ...base, result: stopReason === null ? "error" : "cancelled", detail: `${why}; the cell's code never ran` };
+      }
+      if (stopReason === "cancelled" || stopReason === "abort") return { ...base, result: "cancelled", detail: `cancelled${leftovers}` };
+      if (stopReason === "shutdown") return { ...base, result: "cancelled", detail: `stopped by harness shutdown${leftovers}` };
+      if (timedOut) return { ...base, result: "error", detail: `wall-time limit of ${formatSeconds(spec.wallTimeMs)} s reached${leftovers}` };
+      if (code === 0 && signal === null) return { ...base, result: "success", detail: leftovers === "" ? null : leftovers.slice(2) };
+      return { ...base, result: "error", detail: `${describeExit(code, signal)}${leftovers}` };
+    })();
+    // `done` is also awaited inside stop()/abort(); keep an unobserved rejection from crashing the process.
+    done.catch(() => undefined);
+
+    const settled = (): Promise<void> => done.then(
+      () => undefined,
+      () => undefined,
+    );
+
+    const handle: GatedLaunch = {
+      kind: "gated",
+      identity,
+      done,
+      release(): void {
+        if (phase !== "gated") {
+          throw new CairnError("usage", `cannot release cell ${spec.cellId}: it was already ${phase === "released" ? "released" : phase}`);
+        }
+        phase = "released";
+        releasedAt = now();
+        capture.start();
+        wallTimer = setTimeout(() => {
+          if (phase !== "released") return;
+          timedOut = true;
+          void killGroup(killGraceMs);
+        }, spec.wallTimeMs);
+        child.stdin?.end("go\n");
+      },
+      async abort(): Promise<void> {
+        if (phase === "gated") {
+          phase = "aborted";
+          stopReason = "abort";
+          await killGroup(0);
+          await settled();
+          return;
+        }
+        if (phase === "released") return handle.stop("cancelled");
+        await settled();
+      },
+      async stop(reason: "cancelled" | "shutdown"): Promise<void> {
+        if (phase === "gated") {
+          phase = "aborted";
+          stopReason = reason;
+          await killGroup(0);
+        } else if (phase === "released") {
+          if (!timedOut) stopReason ??= reason;
+          await killGroup(killGraceMs);
+        }
+        await settled();
+      },
+    };
+    return handle;
+  }
+
+  return { prepare };
+}

@@ -1,0 +1,67 @@
+/**
+ * Shared helpers for the executor tests: a temp dir, an output collector and a liveness check.
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { LaunchSpec } from "../../src/exec/executor.js";
+import { isDead, readProcStat } from "../../src/exec/procfs.js";
+
+/** A fresh temporary directory and a function that removes it. */
+export function tempDir(prefix = "cairn-exec-"): { dir: string; remove: () => void } {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  return { dir, remove: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/** Collects every onOutput call. */
+export function collector(delayMs = 0): {
+  onOutput: LaunchSpec["onOutput"];
+  calls: { stream: "stdout" | "stderr"; data: string }[][];
+  text: (stream: "stdout" | "stderr") => string;
+  maxConcurrent: () => number;
+} {
+  const calls: { stream: "stdout" | "stderr"; data: string }[][] = [];
+  let inFlight = 0;
+  let max = 0;
+  return {
+    calls,
+    async onOutput(chunks) {
+      inFlight++;
+      max = Math.max(max, inFlight);
+      calls.push(chunks.map((c) => ({ ...c })));
+      if (delayMs > 0) await new Promise((r) => setTimeout(r, delayMs));
+      inFlight--;
+    },
+    text: (stream) =>
+      calls
+        .flat()
+        .filter((c) => c.stream === stream)
+        .map((c) => c.data)
+        .join(""),
+    maxConcurrent: () => max,
+  };
+}
+
+/** True when `pid` is a live (non-zombie) process. */
+export function isAlive(pid: number): boolean {
+  const stat = readProcStat(pid);
+  return stat !== null && !isDead(stat);
+}
+
+/** Kills a process group, ignoring "no such process". For `finally` cleanup. */
+export function killGroupQuietly(pgid: number): void {
+  try {
+    process.kill(-pgid, "SIGKILL");
+  } catch (_err) {
+    /* already gone */
+  }
+}
+
+/** Waits until `predicate` holds, polling; throws after `ms` (a safety net, not a timing assertion). */
+export async function waitFor(predicate: () => boolean, ms = 10_000, what = "condition"): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!predicate()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
