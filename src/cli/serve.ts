@@ -13,6 +13,9 @@ import { makeLogger, makeModel } from "./run.js";
 import { chaosFaults } from "./chaos.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 
+/** How long a fenced worker keeps /readyz (503) and /metrics up before it exits 3. */
+const FENCED_LINGER_MS = 1500;
+
 const HELP = `usage: cairn serve --db NAME --model SPEC [--listen HOST:PORT] [--log-level LEVEL]
 
 The worker a job scheduler runs: takes database NAME over, resumes its unfinished runs, and serves
@@ -64,6 +67,8 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     if (why === "fenced") {
       logger.error({ db: name }, "fenced: another process opened the database; exiting with code 3 (do not restart here)");
       io.err(`cairn: fenced: another process opened database "${name}"; exiting. Do not restart it here unless the other owner is gone.`);
+      // Keep answering for a moment: /readyz says why (503) and a scrape can see the fence counter.
+      await new Promise((r) => setTimeout(r, FENCED_LINGER_MS));
       return EXIT.fenced;
     }
     if (why === "poisoned") {
