@@ -1,0 +1,32 @@
+#!/usr/bin/env node
+// Runs the test suite on Node's built-in runner: every *.test.ts under test/, chaos/ and
+// storage-adapters/ (Node 20's --test does not expand globs itself). Arguments narrow the run to
+// files whose path contains one of them: `npm test -- conformance chaos`.
+import { readdirSync } from "node:fs";
+import { join } from "node:path";
+import { spawnSync } from "node:child_process";
+
+const roots = ["test", "chaos", "storage-adapters"];
+const filters = process.argv.slice(2);
+const files = roots
+  .flatMap((root) => {
+    try {
+      return readdirSync(root, { recursive: true }).map((f) => join(root, String(f)));
+    } catch {
+      return [];
+    }
+  })
+  .filter((f) => f.endsWith(".test.ts"))
+  .filter((f) => filters.length === 0 || filters.some((x) => f.includes(x)))
+  .sort();
+if (files.length === 0) {
+  console.error(`no test files match ${filters.join(" ")}`);
+  process.exit(1);
+}
+const concurrency = process.env.CAIRN_TEST_CONCURRENCY ?? "2";
+const r = spawnSync(
+  process.execPath,
+  ["--import", "tsx", "--test", `--test-concurrency=${concurrency}`, "--test-timeout=600000", ...files],
+  { stdio: "inherit" },
+);
+process.exit(r.status ?? 1);
