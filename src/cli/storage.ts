@@ -59,16 +59,12 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
     const onOutage = str(p, "on-outage") ?? "wait";
     if (onOutage !== "wait" && onOutage !== "reject") throw new UsageError(`cairn ${command}: --on-outage expects wait or reject, got "${onOutage}".`);
     const { createReplicatedStorage } = await import("../../storage-adapters/replicated/index.js");
+    // Credentials and TLS files come from CAIRN_ETCD_USER / _PASSWORD / _CA / _CERT / _KEY, read by the adapter.
     const storage = createReplicatedStorage({
       endpoints,
       dataDir,
       onOutage,
       allowSmallCluster: flag(p, "allow-small-cluster"),
-      ...(env.CAIRN_ETCD_USER ? { username: env.CAIRN_ETCD_USER } : {}),
-      ...(env.CAIRN_ETCD_PASSWORD ? { password: env.CAIRN_ETCD_PASSWORD } : {}),
-      ...(env.CAIRN_ETCD_CA || env.CAIRN_ETCD_CERT || env.CAIRN_ETCD_KEY
-        ? { tls: { ...(env.CAIRN_ETCD_CA ? { ca: env.CAIRN_ETCD_CA } : {}), ...(env.CAIRN_ETCD_CERT ? { cert: env.CAIRN_ETCD_CERT } : {}), ...(env.CAIRN_ETCD_KEY ? { key: env.CAIRN_ETCD_KEY } : {}) } }
-        : {}),
       ...(logger ? { logger } : {}),
     });
     return { storage, adapter: "replicated", dataDir, describe: `replicated on etcd ${endpoints.join(",")} (cache in ${dataDir})` };

@@ -102,6 +102,19 @@ const GATE_SCRIPT = 'IFS= read -r go; [ "$go" = go ] || exit 125; exec "$@" </de
 /** Exit code of a gate that was closed without being released. */
 export const GATE_NOT_RELEASED_EXIT = 125;
 
+/**
+ * The harness's own secrets and test hooks, never handed to agent code: the model keys, the etcd
+ * credentials, and the chaos kill point.
+ */
+export const WITHHELD_FROM_CELLS: readonly string[] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "CAIRN_ETCD_PASSWORD", "CAIRN_ETCD_USER", "CAIRN_CHAOS_KILL_AT"];
+
+/** This process's environment less what cells must not see. */
+export function cellBaseEnv(env: NodeJS.ProcessEnv): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, v] of Object.entries(env)) if (v !== undefined && !WITHHELD_FROM_CELLS.includes(k)) out[k] = v;
+  return out;
+}
+
 /** How long to wait for the output pipes to close after the whole group is gone, before giving up on them. */
 const PIPE_DRAIN_MS = 2000;
 
@@ -162,8 +175,8 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     });
     const child = execa("/bin/sh", ["-c", GATE_SCRIPT, "cairn-gate", ...resolved.argv], {
       cwd: spec.cwd,
-      env: { ...resolved.env, ...spec.env },
-      extendEnv: true,
+      env: { ...cellBaseEnv(process.env), ...resolved.env, ...spec.env },
+      extendEnv: false,
       detached: true,
       cleanup: false,
       buffer: false,

@@ -289,3 +289,11 @@ describe("limits and stopping", () => {
     await assert.rejects(g.done, (err) => err === boom);
   });
 });
+
+describe("cell environment", () => {
+  test("withholds the harness's secrets from cells and passes everything else", async () => {
+    const { cellBaseEnv } = await import("../../src/exec/executor.js");
+    const env = cellBaseEnv({ PATH: "/bin", ANTHROPIC_API_KEY: "sk-secret", OPENAI_API_KEY: "k", CAIRN_ETCD_PASSWORD: "p", GITHUB_TOKEN: "mine", CAIRN_CHAOS_KILL_AT: "x" });
+    assert.deepEqual(env, { PATH: "/bin", GITHUB_TOKEN: "mine" });
+  });
+});
