@@ -1,10 +1,64 @@
 /**
- * `cairn cluster up|down|status`: a local three-zone etcd cluster for development and tests.
- * PLACEHOLDER until the replicated adapter's dev cluster lands.
+ * `cairn cluster up|down|status`: a local three-zone etcd cluster (three members on 127.0.0.1 with
+ * free ports, one per named zone) for development and tests. Not for production: see deploy/etcd.
  */
-import { UsageError } from "./args.js";
+import { resolve } from "node:path";
+import { flag, parse, str, UsageError } from "./args.js";
+import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 
-export async function clusterCommand(_argv: readonly string[], _io: Io): Promise<number> {
-  throw new UsageError("cairn cluster: not wired yet (the dev cluster is being written).");
+const HELP = `usage: cairn cluster up|down|status [--dir DIR] [--zones a,b,c] [--auth] [--json]
+
+  up      starts three etcd members on 127.0.0.1 (free ports; member names are the zones) in the
+          background, waits until the cluster is healthy, and prints the endpoints to use with
+          --storage replicated --etcd URLS (or CAIRN_ETCD_ENDPOINTS)
+  down    stops the members started from DIR (data is kept)
+  status  shows each member's health and whether the quorum holds
+  --dir DIR       where members keep data, logs and cairn-cluster.json (default ./.cairn/cluster)
+  --zones a,b,c   the zone (member) names (default zone-a,zone-b,zone-c)
+  --auth          create a root user and enable authentication (the password is in cairn-cluster.json)`;
+
+export async function clusterCommand(argv: readonly string[], io: Io): Promise<number> {
+  const p = parse("cluster", argv, { dir: { type: "string" }, zones: { type: "string" }, auth: { type: "boolean" }, json: { type: "boolean" } });
+  if (p.values.help) {
+    io.out(HELP);
+    return EXIT.ok;
+  }
+  const [action, ...extra] = p.positionals;
+  if (extra.length > 0) throw new UsageError(`cairn cluster takes one action (up, down or status), got "${p.positionals.join(" ")}".`);
+  const dir = resolve(str(p, "dir") ?? "./.cairn/cluster");
+  const dev = await import("../../storage-adapters/replicated/devcluster.js");
+  switch (action) {
+    case "up": {
+      const zones = str(p, "zones")?.split(",").map((z) => z.trim()).filter((z) => z !== "");
+      if (zones !== undefined && zones.length !== 3) throw new UsageError(`cairn cluster up: --zones takes three names, one per member, got ${zones.length}.`);
+      const state = await dev.clusterUp({ dir, ...(zones ? { zones } : {}), auth: flag(p, "auth") });
+      if (flag(p, "json")) io.out(JSON.stringify({ endpoints: state.endpoints, members: state.members.map((m) => ({ name: m.name, clientUrl: m.clientUrl, pid: m.pid })) }));
+      else {
+        for (const m of state.members) io.out(`member ${m.name} (zone ${m.name}): ${m.clientUrl}, pid ${m.pid}`);
+        io.out(`export CAIRN_ETCD_ENDPOINTS=${state.endpoints.join(",")}`);
+      }
+      return EXIT.ok;
+    }
+    case "down": {
+      const stopped = await dev.clusterDown(dir);
+      io.out(stopped.length ? `stopped ${stopped.join(", ")}` : `no running members recorded in ${dir}`);
+      return EXIT.ok;
+    }
+    case "status": {
+      const st = await dev.clusterStatus(dir);
+      if (st === null) {
+        io.err(`cairn: no dev cluster was started from ${dir}; start one with \`cairn cluster up --dir ${dir}\`.`);
+        return EXIT.usage;
+      }
+      if (flag(p, "json")) io.out(JSON.stringify(st));
+      else {
+        for (const m of st.members) io.out(`${m.name}: ${m.clientUrl} ${m.running ? "running" : "stopped"}, ${m.reachable ? "reachable" : "unreachable"}${m.isLeader ? ", leader" : ""}`);
+        io.out(`quorum ${st.quorumHeld ? "held" : "LOST"} (${st.reachable} of ${st.members.length} reachable)`);
+      }
+      return st.quorumHeld ? EXIT.ok : EXIT.storage;
+    }
+    default:
+      throw new UsageError(`cairn cluster: say up, down or status (see \`cairn cluster --help\`).`);
+  }
 }

@@ -10,6 +10,8 @@ import type { Cell, ExecutionPhase, ExecutionResult, Observation, RuntimeCell, S
 /** How much of an execution's output State shows the model (the tail). The full output is in the log. */
 export const OUTPUT_TAIL_CHARS = 4000;
 
+const utf8 = new TextEncoder();
+
 /** The process identity recorded when a launch was authorized. */
 export interface ProcessIdentity {
   readonly host: string;
@@ -141,7 +143,8 @@ export function runtimeCellOf(ex: ExecutionRecord): RuntimeCell {
   if (ex.result !== null) out.result = ex.result;
   if (ex.phase === "finished") out.exit_code = ex.exit_code;
   if (ex.output_tail.length > 0) out.output = ex.output_tail;
-  if (ex.dropped_bytes > 0 || ex.output_tail.length < ex.output_bytes) out.truncated = ex.dropped_bytes > 0 || ex.output_bytes > OUTPUT_TAIL_CHARS;
+  // Compare bytes with bytes: output_bytes counts UTF-8 bytes, the tail is characters.
+  if (ex.dropped_bytes > 0 || (ex.output_bytes > ex.output_tail.length && utf8.encode(ex.output_tail).length < ex.output_bytes)) out.truncated = true;
   if (ex.unknown !== null) out.unknown = ex.unknown;
   if (ex.resolved_by !== null) out.resolved_by = ex.resolved_by;
   return out;

@@ -139,7 +139,12 @@ export class Reducer {
       case "patch_accepted": {
         const b = e.body;
         const t = turnOf(s, b.turn, e);
-        const applied = applyAccepted(s.state, s.executions, b.patch, b.consumed);
+        let applied: ReturnType<typeof applyAccepted>;
+        try {
+          applied = applyAccepted(s.state, s.executions, b.patch, b.consumed);
+        } catch (err) {
+          throw new LogCorrupt(`patch ${e.identity} (seq ${e.seq}) cannot be folded: ${err instanceof Error ? err.message : String(err)}`);
+        }
         if (applied.state.revision !== b.revision) {
           throw new LogCorrupt(`patch ${e.identity} folds to revision ${applied.state.revision}, the log says ${b.revision}`);
         }
