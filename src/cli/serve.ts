@@ -48,6 +48,9 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     await choice.storage.close().catch(() => undefined);
     throw err;
   }
+  metrics.onScrape(() => {
+    if (h.status === "open") h.refreshMetrics();
+  });
   const server = await startObservabilityServer({
     listen,
     metrics,

@@ -142,7 +142,8 @@ export class Harness {
       throw err;
     }
     options.metrics?.opened();
-    h.reportStats();
+    options.metrics?.lastProgress(world.clock.now() / 1000);
+    h.refreshMetrics();
     h.logger.info({ head: h.reducer.headSeq, sessions: h.reducer.projection().order.length }, "database opened");
     void h.drainMailbox();
     return h;
@@ -511,6 +512,11 @@ export class Harness {
       }),
     ]);
     return { ok: true, timer_id: req.timer_id, due_at: dueAt };
+  }
+
+  /** Sets every gauge from the projection and the storage's stats (serve calls it on each scrape). */
+  refreshMetrics(): void {
+    this.reportGauges();
   }
 
   private reportGauges(): void {
