@@ -1,0 +1,24 @@
+/**
+ * `npm run bench`: every benchmark, one after the other, each printing ratios measured in one run.
+ * Never a test: nothing here asserts on time. Pass names to run some: `npm run bench -- sqlite etcd`.
+ */
+import { runSqliteBench } from "./sqlite.js";
+import { runDispatchBench } from "./dispatch.js";
+import { runRecoveryBench } from "./recovery.js";
+import { runEtcdBench } from "./etcd.js";
+import { runIdleBench } from "./idle.js";
+
+const all: Record<string, () => Promise<void>> = {
+  sqlite: () => runSqliteBench(),
+  dispatch: () => runDispatchBench(),
+  recovery: () => runRecoveryBench(),
+  etcd: () => runEtcdBench(),
+  idle: () => runIdleBench({ seconds: 30 }),
+};
+const wanted = process.argv.slice(2);
+for (const name of wanted) if (!(name in all)) throw new Error(`unknown benchmark "${name}"; choose from ${Object.keys(all).join(", ")}`);
+for (const [name, run] of Object.entries(all)) {
+  if (wanted.length > 0 && !wanted.includes(name)) continue;
+  console.log(`\n=== ${name} ===`);
+  await run();
+}
