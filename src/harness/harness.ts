@@ -238,14 +238,18 @@ export class Harness {
   }
 
   /**
-   * Admits a `step` patch for round `turn` of `session` from outside the round loop (an external
-   * driver, or a re-submission after a lost acknowledgement). Re-submitting the accepted patch for a
-   * round returns the original receipt (`replay: true`) and changes nothing.
+   * Re-submits a `step` patch for an accepted round `turn` of `session`, as a caller does after a
+   * lost acknowledgement: the accepted patch returns the original receipt (`replay: true`) and
+   * changes nothing; any other patch is refused (`round_conflict`). Rounds not yet accepted belong
+   * to the round loop, which admits them: submitting one throws a ConfigError and commits nothing.
    */
   async submit(session: string, turn: string, patch: unknown): Promise<Admission> {
     this.assertOpen();
     const s = this.reducer.session(session);
     if (s === undefined) throw new ConfigError(`session "${session}" does not exist in database "${this.name}".`);
+    if (s.turns.get(turn)?.accepted == null) {
+      throw new ConfigError(`round ${turn} of session ${session} has not been accepted; the round loop admits open rounds, and only accepted rounds can be re-submitted.`);
+    }
     const accepted = new Map<string, { patch: unknown; revision: number; newCellIds: number[] }>();
     for (const t of s.turns.values()) if (t.accepted !== null) accepted.set(t.turn, { patch: t.accepted.patch, revision: t.accepted.revision, newCellIds: [] });
     return admit({ state: s.state, executions: s.executions, cellsEver: s.cells, pendingObservations: s.pending.length, headSeq: this.reducer.headSeq, accepted }, patch, turn);

@@ -122,7 +122,8 @@ export class SessionDriver {
     const b = s.budgets;
     const u = s.state.runtime.usage;
     let reason: string | null = null;
-    if (b.max_rounds !== undefined && s.turn_count >= b.max_rounds && this.wantsRound()) {
+    // A round still open (prepared before a crash) may finish; only a new one is over budget.
+    if (b.max_rounds !== undefined && s.turn_count >= b.max_rounds && s.open_turn === null && this.wantsRound()) {
       reason = `the round budget of ${b.max_rounds} is exhausted`;
     } else if (b.max_tokens !== undefined && u.input_tokens + u.output_tokens >= b.max_tokens) {
       reason = `the token budget of ${b.max_tokens} is exhausted (${u.input_tokens + u.output_tokens} used)`;

@@ -1,0 +1,287 @@
+/**
+ * An owned sqlite database handle. Every call checks the owner epoch inside its own transaction
+ * (BEGIN IMMEDIATE for writes), so a handle fenced by another process writes nothing; `watch` polls
+ * cheaply (PRAGMA data_version, then the owner row and the mailbox) to notice a fence without a commit.
+ */
+import { parseLogEvent, type LogEvent, type NewEvent } from "../../src/state/events.js";
+import type {
+  CommitReceipt,
+  Database,
+  DatabaseSignal,
+  DatabaseStats,
+  FaultHook,
+  PostedMessage,
+} from "../../src/storage/contract.js";
+import { ResetError, StorageFailure, StorageRejected } from "../../src/storage/errors.js";
+import { checkRange, duplicateIdentity, lostAcknowledgement, prepareBatch } from "../memory/semantics.js";
+import type BetterSqlite3 from "better-sqlite3";
+import type { Connection } from "./connection.js";
+import { mapSqliteError, type SqlitePhase } from "./errors.js";
+
+type Statement<P extends unknown[] = [], R = unknown> = BetterSqlite3.Statement<P, R>;
+
+interface EventRow {
+  seq: number;
+  identity: string;
+  kind: string;
+  session: string;
+  at: string;
+  body: string;
+}
+
+interface MailRow {
+  mseq: number;
+  id: string;
+  session: string;
+  kind: string;
+  payload: string;
+  at: string;
+}
+
+/** Prepared statements of one connection, shared by the owner handle and the reader. */
+export class Statements {
+  readonly begin: Statement;
+  readonly beginImmediate: Statement;
+  readonly commit: Statement;
+  readonly rollback: Statement;
+  readonly epoch: Statement<[], number>;
+  readonly read: Statement<[number, number], EventRow>;
+  readonly head: Statement<[], number>;
+
+  constructor(readonly conn: Connection) {
+    this.begin = conn.prepare<[]>("BEGIN");
+    this.beginImmediate = conn.prepare<[]>("BEGIN IMMEDIATE");
+    this.commit = conn.prepare<[]>("COMMIT");
+    this.rollback = conn.prepare<[]>("ROLLBACK");
+    this.epoch = conn.prepare<[], number>("SELECT epoch FROM owner WHERE id = 1").pluck();
+    this.read = conn.prepare<[number, number], EventRow>("SELECT seq, identity, kind, session, at, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?");
+    this.head = conn.prepare<[], number>("SELECT COALESCE(MAX(seq), 0) FROM events").pluck();
+  }
+
+  /** Reads and validates events; a row that is not a valid event is reported, never returned. */
+  readEvents(name: string, afterSeq: number, limit: number | undefined): LogEvent[] {
+    checkRange(afterSeq, limit);
+    const rows = this.read.all(afterSeq, limit === undefined ? -1 : limit);
+    return rows.map((row) => {
+      try {
+        return parseLogEvent({ ...row, body: JSON.parse(row.body) as unknown });
+      } catch (cause) {
+        throw new StorageFailure(`database "${name}": the stored event at seq ${row.seq} is not a valid event; the file was altered or damaged.`, { cause });
+      }
+    });
+  }
+
+  /** Rolls back an open transaction, ignoring errors (the connection may already have rolled back). */
+  rollbackQuietly(): void {
+    if (!this.conn.inTransaction) return;
+    try {
+      this.rollback.run();
+    } catch {
+      // SQLite rolls back on its own after some errors; nothing more to undo.
+    }
+  }
+}
+
+/** The owner handle returned by `createSqliteStorage().open`. */
+export class SqliteDatabase implements Database {
+  readonly epoch: number;
+  private readonly s: Statements;
+  private readonly hasIdentity;
+  private readonly insert;
+  private readonly drainRows;
+  private readonly ackRows;
+  private readonly maxMseq;
+  private readonly dataVersion;
+  private poisoned = false;
+  private closed = false;
+  /** The newer epoch once this handle learned it was fenced. */
+  private fencedBy: number | null = null;
+  private fenceNotified = false;
+  private readonly listeners = new Set<(signal: DatabaseSignal) => void>();
+  private timer: ReturnType<typeof setInterval> | undefined;
+  private seenDataVersion: number | undefined;
+  private seenMseq = 0;
+
+  constructor(
+    readonly name: string,
+    private readonly conn: Connection,
+    epoch: number,
+    private readonly faults: FaultHook | undefined,
+    private readonly pollMs: number,
+    private readonly onClose: () => void,
+  ) {
+    this.epoch = epoch;
+    this.s = new Statements(conn);
+    this.hasIdentity = conn.prepare<[string], number>("SELECT 1 FROM events WHERE identity = ?").pluck();
+    this.insert = conn.prepare<[string, string, string, string, string]>("INSERT INTO events (identity, kind, session, at, body) VALUES (?, ?, ?, ?, ?)");
+    this.drainRows = conn.prepare<[], MailRow>("SELECT mseq, id, session, kind, payload, at FROM mailbox ORDER BY mseq");
+    this.ackRows = conn.prepare<[number]>("DELETE FROM mailbox WHERE mseq <= ?");
+    this.maxMseq = conn.prepare<[], number>("SELECT COALESCE(MAX(mseq), 0) FROM mailbox").pluck();
+    this.dataVersion = conn.prepare<[], number>("PRAGMA data_version").pluck();
+  }
+
+  async read(afterSeq = 0, limit?: number): Promise<LogEvent[]> {
+    return this.transact("read", "read", () => this.s.readEvents(this.name, afterSeq, limit));
+  }
+
+  async commit(events: readonly NewEvent[]): Promise<CommitReceipt> {
+    this.guard();
+    const batch = prepareBatch(events);
+    if (this.faults !== undefined) await this.faults("commit:before");
+    const receipt = this.transact("write", "commit", () => {
+      const present = batch.filter((e) => this.hasIdentity.get(e.identity) !== undefined).map((e) => e.identity);
+      if (present.length > 0) throw duplicateIdentity(present, "in the log");
+      let firstSeq = 0;
+      let lastSeq = 0;
+      for (const e of batch) {
+        lastSeq = Number(this.insert.run(e.identity, e.kind, e.session, e.at, JSON.stringify(e.body)).lastInsertRowid);
+        if (firstSeq === 0) firstSeq = lastSeq;
+      }
+      return { firstSeq, lastSeq };
+    });
+    if (this.faults !== undefined) {
+      try {
+        await this.faults("commit:after-durable");
+      } catch (cause) {
+        this.poisoned = true;
+        throw lostAcknowledgement(this.name, cause);
+      }
+    }
+    return receipt;
+  }
+
+  async head(): Promise<number> {
+    return this.transact("read", "head", () => this.s.head.get() ?? 0);
+  }
+
+  async drain(): Promise<PostedMessage[]> {
+    return this.transact("read", "drain", () =>
+      this.drainRows.all().map((r) => ({ mseq: r.mseq, id: r.id, session: r.session, kind: r.kind, at: r.at, payload: JSON.parse(r.payload) as unknown })),
+    );
+  }
+
+  async ack(upTo: number): Promise<void> {
+    if (!Number.isSafeInteger(upTo)) throw new StorageRejected("invalid", `ack: upTo must be an integer, got ${String(upTo)}.`);
+    this.transact("write", "ack", () => {
+      this.ackRows.run(upTo);
+    });
+  }
+
+  watch(listener: (signal: DatabaseSignal) => void): () => void {
+    if (this.closed) return () => {};
+    this.listeners.add(listener);
+    if (this.fencedBy !== null) {
+      this.deliver(listener, { type: "fenced", epoch: this.fencedBy });
+    } else if (this.timer === undefined) {
+      this.timer = setInterval(() => this.poll(), this.pollMs);
+      this.timer.unref();
+      setImmediate(() => this.poll()).unref();
+    }
+    return () => {
+      this.listeners.delete(listener);
+      if (this.listeners.size === 0) this.stopPolling();
+    };
+  }
+
+  stats(): DatabaseStats {
+    return { adapter: "sqlite", epoch: this.epoch, fenced: this.fencedBy !== null, poisoned: this.poisoned };
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.stopPolling();
+    this.listeners.clear();
+    this.s.rollbackQuietly();
+    this.conn.close();
+    this.onClose();
+  }
+
+  /**
+   * One transaction: BEGIN (IMMEDIATE for writes), the owner-epoch check, `body`, COMMIT. A fence
+   * rolls back and throws ResetError; SQLite errors go through mapSqliteError (which may poison).
+   */
+  private transact<T>(kind: "read" | "write", op: string, body: () => T): T {
+    this.guard();
+    let phase: SqlitePhase = kind;
+    try {
+      (kind === "write" ? this.s.beginImmediate : this.s.begin).run();
+      const current = this.s.epoch.get();
+      if (current !== this.epoch) throw this.fenced(current);
+      const result = body();
+      if (kind === "write") phase = "commit";
+      this.s.commit.run();
+      return result;
+    } catch (err) {
+      this.s.rollbackQuietly();
+      const mapped = mapSqliteError(err, phase, `${op} on database "${this.name}"`);
+      if (mapped.poison) this.poisoned = true;
+      throw mapped.error;
+    }
+  }
+
+  private fenced(current: number | undefined): ResetError {
+    if (current === undefined || current < this.epoch) {
+      return new ResetError("stop", "diverged", `database "${this.name}": the owner epoch went from ${this.epoch} to ${String(current)}; the file was replaced. Stop and inspect it.`);
+    }
+    this.fencedBy = current;
+    this.notifyFenced();
+    return ResetError.fenced(this.name, this.epoch, current);
+  }
+
+  private guard(): void {
+    if (this.closed) throw new ResetError("stop", "closed", `database handle "${this.name}" was closed; open the database again to use it.`);
+    if (this.fencedBy !== null) throw ResetError.fenced(this.name, this.epoch, this.fencedBy);
+    if (this.poisoned) {
+      throw new StorageFailure(`database handle "${this.name}" is poisoned by an earlier failure whose outcome is unknown; reopen and read the log.`);
+    }
+  }
+
+  /** The watch poll: cheap when nothing changed (data_version is per-connection and in memory). */
+  private poll(): void {
+    if (this.closed || this.listeners.size === 0) return this.stopPolling();
+    try {
+      const version = this.dataVersion.get();
+      if (version === this.seenDataVersion) return;
+      this.seenDataVersion = version;
+      const current = this.s.epoch.get();
+      if (current !== undefined && current > this.epoch) {
+        this.fencedBy = current;
+        this.notifyFenced();
+        return;
+      }
+      const mseq = this.maxMseq.get() ?? 0;
+      if (mseq > this.seenMseq) {
+        this.seenMseq = mseq;
+        for (const listener of this.listeners) this.deliver(listener, { type: "mailbox" });
+      }
+    } catch {
+      // A transient read error (the disk, a lock): the next tick tries again; calls report real errors.
+      this.seenDataVersion = undefined;
+    }
+  }
+
+  private notifyFenced(): void {
+    this.stopPolling();
+    if (this.fenceNotified || this.fencedBy === null) return;
+    this.fenceNotified = true;
+    const signal: DatabaseSignal = { type: "fenced", epoch: this.fencedBy };
+    for (const listener of this.listeners) this.deliver(listener, signal);
+  }
+
+  private stopPolling(): void {
+    if (this.timer !== undefined) clearInterval(this.timer);
+    this.timer = undefined;
+  }
+
+  private deliver(listener: (signal: DatabaseSignal) => void, signal: DatabaseSignal): void {
+    queueMicrotask(() => {
+      if (!this.listeners.has(listener)) return;
+      try {
+        listener(signal);
+      } catch {
+        // A watcher's own bug must not break the storage; the watcher owns its errors.
+      }
+    });
+  }
+}

@@ -1,0 +1,185 @@
+/**
+ * The sqlite adapter: one SQLite file per database, `<dataDir>/<name>.db`. A commit resolves after
+ * its fsynced COMMIT returns (WAL, synchronous=FULL, verified at open). The last opener wins across
+ * processes: opening bumps the owner epoch, and every call of an older handle, in any process, finds
+ * the higher epoch inside its own transaction and throws ResetError fenced, writing nothing.
+ */
+import { existsSync, mkdirSync, readdirSync } from "node:fs";
+import { join } from "node:path";
+import { ConfigError } from "../../src/errors.js";
+import type { LogEvent } from "../../src/state/events.js";
+import {
+  MAILBOX_LIMIT,
+  type Database,
+  type FaultHook,
+  type MailboxMessage,
+  type OpenOptions,
+  type Reader,
+  type Storage,
+} from "../../src/storage/contract.js";
+import { DatabaseNotFound, ResetError } from "../../src/storage/errors.js";
+import { checkDatabaseName, isValidDatabaseName, mailboxFull, messageConflict, prepareMessage, sameMessage } from "../memory/semantics.js";
+import { claimOwnership, openReadOnly, openWritable, type Connection } from "./connection.js";
+import { SqliteDatabase, Statements } from "./database.js";
+import { mapSqliteError } from "./errors.js";
+
+/** Options of the sqlite adapter. */
+export interface SqliteStorageOptions {
+  /** The directory holding `<name>.db` files; created when missing. */
+  readonly dataDir: string;
+  /** Fault points called by every commit (tests only). */
+  readonly faults?: FaultHook;
+  /** How often `watch` polls for a fence or new mail, in ms (default 500). */
+  readonly fencePollMs?: number;
+}
+
+/** The default `watch` poll interval. */
+export const DEFAULT_FENCE_POLL_MS = 500;
+
+/**
+ * Creates a Storage over SQLite files in `dataDir`. `open` claims ownership (fencing every earlier
+ * opener in any process), `reader` opens read-only, `post` writes one mailbox row in its own short
+ * transaction without touching ownership. Names must match DATABASE_NAME (a ConfigError otherwise).
+ */
+export function createSqliteStorage(options: SqliteStorageOptions): Storage {
+  const { dataDir, faults } = options;
+  const pollMs = options.fencePollMs ?? DEFAULT_FENCE_POLL_MS;
+  if (typeof dataDir !== "string" || dataDir === "") throw new ConfigError("sqlite storage: dataDir is required (--data-dir).");
+  if (!Number.isFinite(pollMs) || pollMs <= 0) throw new ConfigError(`sqlite storage: fencePollMs must be a positive number of ms, got ${String(pollMs)}.`);
+  const open = new Set<{ close(): Promise<void> }>();
+  const pathOf = (name: string) => join(dataDir, `${name}.db`);
+  /** The file of an existing database, or DatabaseNotFound. */
+  const existing = (name: string): string => {
+    const path = pathOf(name);
+    if (!isValidDatabaseName(name) || !existsSync(path)) throw new DatabaseNotFound(name);
+    return path;
+  };
+
+  return {
+    adapter: "sqlite",
+
+    async open(name: string, openOptions: OpenOptions = {}): Promise<Database> {
+      checkDatabaseName(name);
+      const path = pathOf(name);
+      if (openOptions.create === false && !existsSync(path)) throw new DatabaseNotFound(name);
+      let conn: Connection | undefined;
+      try {
+        mkdirSync(dataDir, { recursive: true });
+        conn = openWritable(path, openOptions.create === false);
+        const epoch = claimOwnership(conn, path);
+        const db: SqliteDatabase = new SqliteDatabase(name, conn, epoch, faults, pollMs, () => open.delete(db));
+        open.add(db);
+        return db;
+      } catch (err) {
+        conn?.close();
+        throw mapSqliteError(err, "open", `opening database "${name}" at ${path}`).error;
+      }
+    },
+
+    async reader(name: string): Promise<Reader> {
+      const path = existing(name);
+      let conn: Connection | undefined;
+      try {
+        conn = openReadOnly(path);
+        const reader: SqliteReader = new SqliteReader(name, conn, () => open.delete(reader));
+        open.add(reader);
+        return reader;
+      } catch (err) {
+        conn?.close();
+        throw mapSqliteError(err, "open", `opening a reader of "${name}" at ${path}`).error;
+      }
+    },
+
+    async post(name: string, message: MailboxMessage): Promise<void> {
+      const copy = prepareMessage(message);
+      const path = existing(name);
+      let conn: Connection | undefined;
+      let phase: "open" | "write" | "commit" = "open";
+      try {
+        conn = openWritable(path, true);
+        phase = "write";
+        conn.exec("BEGIN IMMEDIATE");
+        const row = conn.prepare<[string], MailboxRow>("SELECT id, session, kind, payload, at FROM mailbox WHERE id = ?").get(copy.id);
+        if (row !== undefined) {
+          conn.exec("ROLLBACK");
+          if (sameMessage({ ...row, payload: JSON.parse(row.payload) as unknown }, copy)) return;
+          throw messageConflict(name, copy.id);
+        }
+        const count = conn.prepare<[], number>("SELECT COUNT(*) FROM mailbox").pluck().get() ?? 0;
+        if (count >= MAILBOX_LIMIT) {
+          conn.exec("ROLLBACK");
+          throw mailboxFull(name);
+        }
+        conn.prepare("INSERT INTO mailbox (id, session, kind, payload, at) VALUES (?, ?, ?, ?, ?)").run(copy.id, copy.session, copy.kind, JSON.stringify(copy.payload), copy.at);
+        phase = "commit";
+        conn.exec("COMMIT");
+      } catch (err) {
+        if (conn?.inTransaction) conn.exec("ROLLBACK");
+        if (/no such table/.test(String((err as Error).message))) throw new DatabaseNotFound(name);
+        throw mapSqliteError(err, phase, `posting "${copy.id}" to database "${name}"`).error;
+      } finally {
+        conn?.close();
+      }
+    },
+
+    async list(): Promise<string[]> {
+      if (!existsSync(dataDir)) return [];
+      return readdirSync(dataDir)
+        .filter((f) => f.endsWith(".db"))
+        .map((f) => f.slice(0, -3))
+        .filter(isValidDatabaseName)
+        .sort();
+    },
+
+    async close(): Promise<void> {
+      for (const handle of [...open]) await handle.close();
+    },
+  };
+}
+
+interface MailboxRow {
+  id: string;
+  session: string;
+  kind: string;
+  payload: string;
+  at: string;
+}
+
+
+/** A read-only handle: never changes the owner epoch, so it never fences the owner. */
+class SqliteReader implements Reader {
+  private readonly s: Statements;
+  private closed = false;
+
+  constructor(
+    readonly name: string,
+    private readonly conn: Connection,
+    private readonly onClose: () => void,
+  ) {
+    this.s = new Statements(conn);
+  }
+
+  async read(afterSeq = 0, limit?: number): Promise<LogEvent[]> {
+    return this.run("read", () => this.s.readEvents(this.name, afterSeq, limit));
+  }
+
+  async head(): Promise<number> {
+    return this.run("head", () => this.s.head.get() ?? 0);
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.conn.close();
+    this.onClose();
+  }
+
+  private run<T>(op: string, body: () => T): T {
+    if (this.closed) throw new ResetError("stop", "closed", `reader of "${this.name}" was closed.`);
+    try {
+      return body();
+    } catch (err) {
+      throw mapSqliteError(err, "read", `${op} on database "${this.name}" (reader)`).error;
+    }
+  }
+}

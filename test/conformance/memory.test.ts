@@ -1,0 +1,15 @@
+/**
+ * The conformance suite against the memory adapter (the reference semantics).
+ */
+import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
+import { conformance } from "./suite.js";
+
+conformance("memory", async () => {
+  const storage = createMemoryStorage();
+  return {
+    storage,
+    reopenStorage: async () => storage,
+    storageWithFaults: async (faults) => createMemoryStorage({ faults }),
+    cleanup: async () => storage.close(),
+  };
+});
