@@ -124,21 +124,21 @@ describe("inbox", () => {
   it("a round sees a fixed snapshot: what arrives during the model call waits for the next round", async () => {
     const t = tempDir();
     try {
-      let h!: Harness;
-      let s = "";
+      const ref: { h?: Harness; s: string } = { s: "" };
       const model = modelOf((req) => {
         const r = req.state.revision;
         if (r === 0) {
           // Arrives while round 1 is being decided.
-          void h.post(s, { id: "late", kind: "nudge", payload: 1 });
+          void ref.h!.post(ref.s, { id: "late", kind: "nudge", payload: 1 });
           return adds(0, 1, [note("first")]);
         }
         return adds(r, req.state.runtime.next_cell_id, [conclude("failure", "end")]);
       });
-      h = await Harness.open({ storage: createMemoryStorage(), name: "c", model, workDir: t.dir, limits: fast });
+      const h = await Harness.open({ storage: createMemoryStorage(), name: "c", model, workDir: t.dir, limits: fast });
+      ref.h = h;
       try {
-        s = await h.start({ goal: "g", cwd: t.dir });
-        await h.wait(s);
+        ref.s = await h.start({ goal: "g", cwd: t.dir });
+        await h.wait(ref.s);
         assert.deepEqual(model.calls[0]!.state.runtime.inbox.map((o) => o.id), []);
         assert.deepEqual(model.calls[1]!.state.runtime.inbox.map((o) => o.id), ["late"]);
       } finally {
