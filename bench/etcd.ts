@@ -1,0 +1,117 @@
+/**
+ * The replicated adapter against the physical limit: one etcd transaction.
+ *
+ * On a fresh three-member dev cluster (real etcd processes, fsync on), prints:
+ * 1. the latency of a 1-event `Database.commit` beside a raw etcd3 transaction of the same shape
+ *    (3 compares: epoch value, head value, identity absent; 3 puts of the same key count and bytes),
+ *    interleaved so both see the same machine load, with their ratio (target < 1.3);
+ * 2. commits/s with 1, 8 and 64 concurrent committers (sessions) in one process, and how many etcd
+ *    transactions that took (grouping).
+ *
+ * Run: node --import tsx bench/etcd.ts [samples=300]. Under ~90 s. Prints numbers; asserts nothing.
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+import { Etcd3 } from "etcd3";
+import { event, type NewEvent } from "../src/state/events.js";
+import { startDevCluster } from "../storage-adapters/replicated/devcluster.js";
+import { createReplicatedStorage, type ReplicatedStats } from "../storage-adapters/replicated/index.js";
+import { encodeBatch, chainHash, GENESIS_HASH } from "../storage-adapters/replicated/layout.js";
+import { summarize, type Summary } from "./stats.js";
+
+const AT = "2025-01-02T03:04:05.678Z";
+const ev = (id: string): NewEvent => event("timer_fired", "bench", id, AT, { timer_id: id, due_at: AT, late_ms: 0 });
+
+function line(name: string, s: Summary): string {
+  return `${name.padEnd(40)} p50 ${s.p50.toFixed(2).padStart(7)} ms   p99 ${s.p99.toFixed(2).padStart(7)} ms   (n=${s.n})`;
+}
+
+/** Runs the benchmark and prints the results. */
+export async function runEtcdBench(samples = 300, throughputSeconds = 5): Promise<void> {
+  const dir = mkdtempSync(join(tmpdir(), "cairn-bench-etcd-"));
+  const cluster = await startDevCluster({ dir: join(dir, "cluster") });
+  const storage = createReplicatedStorage({ endpoints: cluster.endpoints, dataDir: join(dir, "data") });
+  const raw = new Etcd3({ hosts: cluster.endpoints });
+  try {
+    // 1. Latency, adapter vs raw guarded txn of the same shape, interleaved.
+    const db = await storage.open("bench-latency");
+    const adapter: number[] = [];
+    const direct: number[] = [];
+    let rawHead = 0;
+    const sample = ev("sample-0000000");
+    const recordBytes = encodeBatch({
+      header: { v: 1, first: 1, last: 1, epoch: 1, token: `1.${"0".repeat(16)}`, hash: chainHash(GENESIS_HASH, 1, JSON.stringify([sample])) },
+      eventsJson: JSON.stringify([sample]),
+    });
+    const rawValue = "r".repeat(Buffer.byteLength(recordBytes));
+    await raw.put("bench/raw/epoch").value("1");
+    await raw.put("bench/raw/head").value("0");
+    for (let i = 0; i < samples + 10; i++) {
+      const id = `sample-${String(i).padStart(7, "0")}`;
+      let t = performance.now();
+      await db.commit([ev(id)]);
+      const a = performance.now() - t;
+      t = performance.now();
+      const res = await raw
+        .if("bench/raw/epoch", "Value", "==", "1")
+        .and("bench/raw/head", "Value", "==", String(rawHead))
+        .and(`bench/raw/ident/${id}`, "Create", "==", 0)
+        .then(
+          raw.put(`bench/raw/log/${String(rawHead + 1).padStart(16, "0")}`).value(rawValue),
+          raw.put(`bench/raw/ident/${id}`).value(String(rawHead + 1)),
+          raw.put("bench/raw/head").value(String(rawHead + 1)),
+        )
+        .commit();
+      const d = performance.now() - t;
+      if (!res.succeeded) throw new Error("raw txn guard failed");
+      rawHead++;
+      if (i >= 10) {
+        adapter.push(a);
+        direct.push(d);
+      }
+    }
+    await db.close();
+    const sa = summarize(adapter);
+    const sd = summarize(direct);
+    console.log(`etcd: 3-member dev cluster on 127.0.0.1, fsync on; 1-event commits, ${samples} samples each, interleaved`);
+    console.log(line("adapter Database.commit (1 event)", sa));
+    console.log(line("raw etcd3 guarded txn, same shape", sd));
+    console.log(`ratio adapter/raw: p50 ${(sa.p50 / sd.p50).toFixed(2)}x   p99 ${(sa.p99 / sd.p99).toFixed(2)}x   (target < 1.3)`);
+
+    // 2. Throughput with concurrent committers (sessions) in one process.
+    console.log(`throughput: ${throughputSeconds} s per row, 1-event commits, one Storage`);
+    for (const sessions of [1, 8, 64]) {
+      const tdb = await storage.open(`bench-throughput-${sessions}`);
+      const before = tdb.stats() as ReplicatedStats;
+      const end = performance.now() + throughputSeconds * 1000;
+      let commits = 0;
+      const t0 = performance.now();
+      await Promise.all(
+        Array.from({ length: sessions }, async (_, s) => {
+          for (let i = 0; performance.now() < end; i++) {
+            await tdb.commit([ev(`s${s}-${i}`)]);
+            commits++;
+          }
+        }),
+      );
+      const seconds = (performance.now() - t0) / 1000;
+      const txns = (tdb.stats() as ReplicatedStats).commitTxns - before.commitTxns;
+      console.log(
+        `${String(sessions).padStart(3)} sessions: ${(commits / seconds).toFixed(0).padStart(6)} commits/s   (${commits} commits in ${txns} etcd txns, ${(commits / Math.max(1, txns)).toFixed(1)} per txn)`,
+      );
+      await tdb.close();
+    }
+  } finally {
+    raw.close();
+    await storage.close();
+    await cluster.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  const n = Number(process.argv[2] ?? 300);
+  await runEtcdBench(Number.isInteger(n) && n > 0 ? n : 300);
+}

@@ -1,0 +1,344 @@
+/**
+ * The commit path of an owned replicated database.
+ *
+ * One etcd transaction per group of commits: concurrent `commit()` calls queue while a transaction is
+ * in flight and go out together in the next one (within MAX_TXN_OPS and MAX_BATCH_BYTES). Each caller
+ * still gets its own receipt. The transaction is guarded by `epoch == mine AND head == expected AND
+ * every identity absent`, so a fenced process can never append and a retry can never append twice.
+ *
+ * Unknown outcomes (deadline, lost connection, no quorum) are resolved by sending the same guarded
+ * transaction again after a backoff: its failure branch reads back the epoch, the head and the record
+ * at our first seq in the same round trip. Our token there: it was durable. Head unchanged: the retry
+ * applies it. Epoch moved: fenced, nothing of ours was written. Anything else, or the handle closing
+ * while unsure: StorageFailure and the handle is poisoned. While the quorum is lost this waits
+ * (onOutage "wait") with no limit; onOutage "reject" refuses new commits once the backlog is full.
+ */
+import { randomBytes } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
+import type { IRequestOp, IResponseOp } from "etcd3";
+import type { NewEvent } from "../../src/state/events.js";
+import type { CommitReceipt } from "../../src/storage/contract.js";
+import { ResetError, StorageFailure, StorageRejected } from "../../src/storage/errors.js";
+import { duplicateIdentity, prepareBatch } from "../memory/semantics.js";
+import type { Context } from "./context.js";
+import { classifyEtcdError } from "./etcd-errors.js";
+import { MAX_BATCH_BYTES, MAX_BATCH_EVENTS, MAX_TXN_OPS, chainHash, decodeBatch, encodeBatch, type BatchRecord, type Keys } from "./layout.js";
+import type { LocalCopy } from "./local-copy.js";
+import { absent, get, kvsOf, put, valueIs, valueOf } from "./ops.js";
+
+/** What the pipeline needs from its handle. */
+export interface PipelineInit {
+  readonly name: string;
+  readonly epoch: number;
+  readonly keys: Keys;
+  readonly copy: LocalCopy;
+  readonly head: number;
+  readonly lastHash: string;
+  /** Throws when the handle is closed, fenced or poisoned. */
+  guard(): void;
+  fence(epoch: number | null): void;
+  poison(failure: StorageFailure): StorageFailure;
+  isClosed(): boolean;
+}
+
+interface Pending {
+  readonly events: readonly NewEvent[];
+  readonly identities: readonly string[];
+  readonly eventsJson: string;
+  readonly bytes: number;
+  resolve(receipt: CommitReceipt): void;
+  reject(err: unknown): void;
+}
+
+type Outcome =
+  | { kind: "ok" }
+  | { kind: "fenced"; epoch: number | null }
+  | { kind: "identity" }
+  | { kind: "failed"; error: unknown }
+  | { kind: "unknown"; reason: string; cause?: unknown };
+
+const MAX_BACKOFF_MS = 2000;
+
+export class CommitPipeline {
+  private readonly queue: Pending[] = [];
+  private inflight: readonly Pending[] = [];
+  private running: Promise<void> | null = null;
+  private head: number;
+  private lastHash: string;
+
+  constructor(
+    private readonly ctx: Context,
+    private readonly init: PipelineInit,
+  ) {
+    this.head = init.head;
+    this.lastHash = init.lastHash;
+  }
+
+  /** Commits waiting or in flight, and their bytes. */
+  backlog(): { commits: number; bytes: number } {
+    const all = [...this.queue, ...this.inflight];
+    return { commits: all.length, bytes: all.reduce((n, p) => n + p.bytes, 0) };
+  }
+
+  /** See `Database.commit`. Validation and local duplicate checks refuse before anything is sent. */
+  async commit(events: readonly NewEvent[]): Promise<CommitReceipt> {
+    const { name } = this.init;
+    this.init.guard();
+    const batch = prepareBatch(events);
+    const jsons = batch.map((e) => JSON.stringify(e));
+    const eventsJson = `[${jsons.join(",")}]`;
+    const bytes = Buffer.byteLength(eventsJson);
+    if (batch.length > MAX_BATCH_EVENTS) {
+      throw new StorageRejected(
+        "too_large",
+        `refused a commit of ${batch.length} events to database "${name}": the replicated adapter takes at most ${MAX_BATCH_EVENTS} events per commit (etcd --max-txn-ops ${MAX_TXN_OPS}); nothing was written.`,
+      );
+    }
+    if (bytes > MAX_BATCH_BYTES) {
+      const largest = Math.max(...jsons.map((j) => Buffer.byteLength(j)));
+      throw new StorageRejected(
+        "too_large",
+        `refused a commit of ${bytes} bytes (largest event ${largest} bytes) to database "${name}": the replicated adapter takes at most ${MAX_BATCH_BYTES} bytes per commit (etcd's request limit is 1.5 MiB); nothing was written. Split large output across events.`,
+      );
+    }
+    const faults = this.ctx.opts.faults;
+    if (faults !== undefined) {
+      await faults("commit:before");
+      this.init.guard();
+    }
+    const identities = batch.map((e) => e.identity);
+    const present = this.init.copy.existing(identities);
+    if (present.length > 0) throw duplicateIdentity(present, "in the log");
+    const backlog = this.backlog().commits;
+    if (this.ctx.opts.onOutage === "reject" && backlog >= this.ctx.opts.backlogLimit && !this.ctx.health.view().quorumHeld) {
+      throw new StorageRejected(
+        "backlog_full",
+        `refused a commit to database "${name}": the etcd quorum is lost and ${backlog} commits already wait (backlogLimit ${this.ctx.opts.backlogLimit}); nothing was written, retry when the cluster is back.`,
+      );
+    }
+    return new Promise<CommitReceipt>((resolve, reject) => {
+      this.queue.push({ events: batch, identities, eventsJson, bytes, resolve, reject });
+      this.kick();
+    });
+  }
+
+  /** Refuses queued commits and waits for the one in flight to settle. */
+  async shutdown(): Promise<void> {
+    this.rejectQueued(new ResetError("stop", "closed", `database handle "${this.init.name}" was closed before this commit was sent; nothing was written.`));
+    await this.running;
+  }
+
+  private kick(): void {
+    if (this.running) return;
+    this.running = this.pump().finally(() => {
+      this.running = null;
+      if (this.queue.length > 0 && !this.init.isClosed()) this.kick();
+    });
+  }
+
+  private rejectQueued(err: unknown): void {
+    for (const p of this.queue.splice(0)) p.reject(err);
+  }
+
+  private async pump(): Promise<void> {
+    while (this.queue.length > 0) {
+      try {
+        this.init.guard();
+      } catch (err) {
+        this.rejectQueued(err);
+        return;
+      }
+      const group = this.takeGroup();
+      if (group.length === 0) continue;
+      this.inflight = group;
+      try {
+        await this.runGroup(group);
+      } catch (err) {
+        // A bug or a local disk error: nothing may be left hanging.
+        const failure = this.init.poison(new StorageFailure(`commit to database "${this.init.name}" failed unexpectedly; reopen and read the log.`, { cause: err }));
+        for (const p of group) p.reject(failure);
+      } finally {
+        this.inflight = [];
+      }
+    }
+  }
+
+  /** The next group: queue order, within etcd's limits, no identity twice, none already in the log. */
+  private takeGroup(): Pending[] {
+    const group: Pending[] = [];
+    const ids = new Set<string>();
+    let bytes = 0;
+    let i = 0;
+    while (i < this.queue.length) {
+      const p = this.queue[i]!;
+      const present = this.init.copy.existing(p.identities);
+      if (present.length > 0) {
+        this.queue.splice(i, 1);
+        p.reject(duplicateIdentity(present, "in the log"));
+        continue;
+      }
+      if (p.identities.some((id) => ids.has(id))) {
+        i++; // waits for the next group, where it will be refused as a duplicate if the first one lands
+        continue;
+      }
+      const n = ids.size + p.identities.length;
+      if (group.length > 0 && (2 + n > MAX_TXN_OPS || group.length + 1 + n + 1 > MAX_TXN_OPS || bytes + p.bytes > MAX_BATCH_BYTES)) break;
+      group.push(p);
+      this.queue.splice(i, 1);
+      for (const id of p.identities) ids.add(id);
+      bytes += p.bytes;
+    }
+    return group;
+  }
+
+  private async runGroup(group: readonly Pending[]): Promise<void> {
+    const { keys, epoch, name } = this.init;
+    const expected = this.head;
+    const token = `${epoch}.${randomBytes(8).toString("hex")}`;
+    let prev = this.lastHash;
+    let seq = expected + 1;
+    const records: BatchRecord[] = group.map((p) => {
+      const first = seq;
+      const last = seq + p.events.length - 1;
+      seq = last + 1;
+      const hash = chainHash(prev, first, p.eventsJson);
+      prev = hash;
+      return { header: { v: 1, first, last, epoch, token, hash }, eventsJson: p.eventsJson };
+    });
+    const newHead = seq - 1;
+    const identityOps: IRequestOp[] = [];
+    const compare = [valueIs(keys.epoch, String(epoch)), valueIs(keys.head, String(expected))];
+    records.forEach((r, gi) =>
+      group[gi]!.identities.forEach((id, k) => {
+        compare.push(absent(keys.ident(id)));
+        identityOps.push(put(keys.ident(id), String(r.header.first + k)));
+      }),
+    );
+    const success = [...records.map((r) => put(keys.log(r.header.first), encodeBatch(r))), ...identityOps, put(keys.head, String(newHead))];
+    const readBack = [get(keys.epoch), get(keys.head), get(keys.log(expected + 1))];
+
+    const outcome = await this.send(compare, success, readBack, expected, token);
+    switch (outcome.kind) {
+      case "ok":
+        await this.applied(group, records);
+        return;
+      case "fenced": {
+        this.init.fence(outcome.epoch);
+        const err = ResetError.fenced(name, epoch, outcome.epoch);
+        for (const p of group) p.reject(err);
+        return;
+      }
+      case "failed":
+        for (const p of group) p.reject(outcome.error);
+        return;
+      case "identity":
+        if (group.length > 1) {
+          // Somebody's identity is already in the cluster although not in our copy: one txn each, so
+          // only the offending batch is refused.
+          for (const p of group) await this.runGroup([p]);
+        } else {
+          group[0]!.reject(await this.existingIdentities(group[0]!.identities));
+        }
+        return;
+      case "unknown": {
+        const failure = this.init.poison(
+          new StorageFailure(`commit to database "${name}" may or may not be durable (${outcome.reason}); this handle is unusable: reopen and read the log.`, {
+            cause: outcome.cause,
+          }),
+        );
+        for (const p of group) p.reject(failure);
+        return;
+      }
+    }
+  }
+
+  /** Sends the guarded txn until its outcome is known (see the file comment). */
+  private async send(compare: ReturnType<typeof valueIs>[], success: IRequestOp[], readBack: IRequestOp[], expected: number, token: string): Promise<Outcome> {
+    let maybeApplied = false;
+    let delay = 100;
+    for (;;) {
+      if (this.init.isClosed()) {
+        return maybeApplied
+          ? { kind: "unknown", reason: "the handle was closed while the etcd quorum did not answer" }
+          : { kind: "failed", error: new ResetError("stop", "closed", `database handle "${this.init.name}" was closed; nothing was written.`) };
+      }
+      try {
+        this.ctx.counters.commitTxns++;
+        const res = await this.ctx.txn(compare, success, readBack);
+        if (res.succeeded) return { kind: "ok" };
+        return this.decide(res.responses, expected, token);
+      } catch (err) {
+        const kind = classifyEtcdError(err);
+        if (kind !== "outage") {
+          const error = this.ctx.fail(err, "commit to", this.init.name);
+          // A definite refusal after an unanswered attempt says nothing about that attempt.
+          if (maybeApplied || kind === "other" || kind === "closed") return { kind: "unknown", reason: error.message, cause: err };
+          return { kind: "failed", error };
+        }
+        maybeApplied = true;
+        await sleep(delay);
+        delay = Math.min(delay * 2, MAX_BACKOFF_MS);
+      }
+    }
+  }
+
+  /** Reads the failure branch: epoch, head and the record at our first seq. */
+  private decide(responses: readonly IResponseOp[], expected: number, token: string): Outcome {
+    const epoch = valueOf(responses, 0);
+    const head = Number(valueOf(responses, 1) ?? "0");
+    const kv = kvsOf(responses, 2)[0];
+    if (kv) {
+      const record = decodeBatch(kv.key.toString("utf8"), kv.value.toString("utf8"));
+      if (record.header.token === token) return { kind: "ok" };
+    }
+    if (epoch === null || Number(epoch) !== this.init.epoch) return { kind: "fenced", epoch: epoch === null ? null : Number(epoch) };
+    if (head !== expected) return { kind: "unknown", reason: `the cluster's head moved from ${expected} to ${head} under this owner's epoch without this commit` };
+    return { kind: "identity" };
+  }
+
+  private async existingIdentities(identities: readonly string[]): Promise<StorageRejected> {
+    try {
+      const res = await this.ctx.txn([], identities.map((id) => get(this.init.keys.ident(id))));
+      const present = identities.filter((_, i) => kvsOf(res.responses, i).length > 0);
+      return duplicateIdentity(present.length > 0 ? present : identities, "in the log");
+    } catch {
+      return duplicateIdentity(identities, "in the log");
+    }
+  }
+
+  private async applied(group: readonly Pending[], records: readonly BatchRecord[]): Promise<void> {
+    const last = records[records.length - 1]!.header;
+    this.head = last.last;
+    this.lastHash = last.hash;
+    let copyError: unknown = null;
+    try {
+      this.init.copy.append(records);
+    } catch (err) {
+      copyError = err;
+    }
+    this.ctx.counters.commitsResolved += group.length;
+    const faults = this.ctx.opts.faults;
+    for (const [i, p] of group.entries()) {
+      const h = records[i]!.header;
+      if (faults !== undefined) {
+        try {
+          await faults("commit:after-durable");
+        } catch (cause) {
+          p.reject(
+            this.init.poison(
+              new StorageFailure(
+                `commit to database "${this.init.name}" may or may not be durable (the acknowledgement was lost); this handle is unusable: reopen and read the log.`,
+                { cause },
+              ),
+            ),
+          );
+          continue;
+        }
+      }
+      p.resolve({ firstSeq: h.first, lastSeq: h.last });
+    }
+    if (copyError !== null) {
+      this.init.poison(new StorageFailure(`the local copy of "${this.init.name}" could not be written (the commit itself is durable); reopen to rebuild it.`, { cause: copyError }));
+    }
+  }
+}

@@ -1,0 +1,263 @@
+/**
+ * An owned replicated database: the handle `Storage.open` returns.
+ *
+ * Ownership: the handle holds the epoch it claimed. Every request that must be the owner's is
+ * guarded by `epoch == mine` in etcd itself (commit, drain, ack) or preceded by a linearizable read
+ * of the epoch (read, head), and a watch on the epoch key fences the handle as soon as a newer opener
+ * claims the database. Commits go through `CommitPipeline` (commit-pipeline.ts).
+ */
+import type { Watcher } from "etcd3";
+import type { LogEvent, NewEvent } from "../../src/state/events.js";
+import type { CommitReceipt, Database, DatabaseSignal, DatabaseStats, MailboxMessage, PostedMessage } from "../../src/storage/contract.js";
+import { ResetError, StorageFailure, StorageRejected } from "../../src/storage/errors.js";
+import { checkRange } from "../memory/semantics.js";
+import { CommitPipeline } from "./commit-pipeline.js";
+import type { Context } from "./context.js";
+import { readEpochHead } from "./cluster-log.js";
+import type { Keys } from "./layout.js";
+import type { LocalCopy } from "./local-copy.js";
+import { count, del, get, kvsOf, prefixEnd, range, valueIs, valueOf } from "./ops.js";
+
+/** Mailbox messages deleted per ack transaction (two deletes each, under MAX_TXN_OPS). */
+const ACK_CHUNK = 60;
+
+/** Stats of a replicated handle: the contract's, plus commit grouping counters. */
+export interface ReplicatedStats extends DatabaseStats {
+  /** etcd transactions this Storage sent to append (retries included); fewer than commits when grouped. */
+  readonly commitTxns: number;
+  /** Commits this Storage resolved with a receipt. */
+  readonly commitsResolved: number;
+}
+
+/** What `openReplicatedDatabase` hands the handle. */
+export interface HandleInit {
+  readonly name: string;
+  readonly epoch: number;
+  readonly keys: Keys;
+  readonly copy: LocalCopy;
+  readonly head: number;
+  readonly lastHash: string;
+  /** The etcd revision of the epoch claim: watches start right after it, so no fence is missed. */
+  readonly claimRevision: string;
+  readonly onClose: () => void;
+}
+
+/** The owner's handle on one database. */
+export class ReplicatedDatabase implements Database {
+  readonly name: string;
+  readonly epoch: number;
+  private readonly keys: Keys;
+  private readonly copy: LocalCopy;
+  private readonly pipeline: CommitPipeline;
+  private readonly listeners = new Set<(signal: DatabaseSignal) => void>();
+  private readonly watchers: Watcher[] = [];
+  private fencedBy: { epoch: number | null } | null = null;
+  private poison: StorageFailure | null = null;
+  private closed = false;
+  private readonly openedLostSeconds: number;
+
+  constructor(
+    private readonly ctx: Context,
+    private readonly init: HandleInit,
+  ) {
+    this.name = init.name;
+    this.epoch = init.epoch;
+    this.keys = init.keys;
+    this.copy = init.copy;
+    this.openedLostSeconds = ctx.health.view().lostSeconds;
+    this.pipeline = new CommitPipeline(ctx, {
+      name: init.name,
+      epoch: init.epoch,
+      keys: init.keys,
+      copy: init.copy,
+      head: init.head,
+      lastHash: init.lastHash,
+      guard: () => this.guard(),
+      fence: (epoch) => this.markFenced(epoch),
+      poison: (failure) => this.setPoison(failure),
+      isClosed: () => this.closed,
+    });
+  }
+
+  /** Starts the epoch and mailbox watches (from right after the claim). */
+  async startWatches(): Promise<void> {
+    const after = String(BigInt(this.init.claimRevision) + 1n);
+    const onError = (what: string) => (err: Error) => this.ctx.log.warn({ db: this.name, err: err.message }, `etcd ${what} watch error; the client reconnects it`);
+    const epochWatch = await this.ctx.client.watch().key(this.keys.epoch).startRevision(after).create();
+    epochWatch.on("put", (kv) => {
+      const e = Number(kv.value.toString("utf8"));
+      if (e !== this.epoch) this.markFenced(e);
+    });
+    epochWatch.on("delete", () => this.markFenced(null));
+    epochWatch.on("error", onError("epoch"));
+    this.watchers.push(epochWatch);
+    const mailWatch = await this.ctx.client.watch().prefix(this.keys.mailPrefix).startRevision(after).only("put").create();
+    mailWatch.on("put", () => this.notify({ type: "mailbox" }));
+    mailWatch.on("error", onError("mailbox"));
+    this.watchers.push(mailWatch);
+  }
+
+  async read(afterSeq = 0, limit?: number): Promise<LogEvent[]> {
+    this.guard();
+    checkRange(afterSeq, limit);
+    const head = await this.ownedHead("read");
+    // The copy holds every batch this owner's commits resolved. It may trail the cluster's head only
+    // by a commit still in flight (applied in etcd, not yet acknowledged here); otherwise it is a bug.
+    if (this.copy.head() < head && this.pipeline.backlog().commits === 0) {
+      throw this.setPoison(new StorageFailure(`the local copy of "${this.name}" lags the cluster (seq ${this.copy.head()} < ${head}) while this process owns it; reopen to rebuild it.`));
+    }
+    return this.copy.read(afterSeq, limit);
+  }
+
+  commit(events: readonly NewEvent[]): Promise<CommitReceipt> {
+    return this.pipeline.commit(events);
+  }
+
+  async head(): Promise<number> {
+    this.guard();
+    return this.ownedHead("read the head of");
+  }
+
+  async drain(): Promise<PostedMessage[]> {
+    this.guard();
+    let res;
+    try {
+      res = await this.ctx.txn([valueIs(this.keys.epoch, String(this.epoch))], [range(this.keys.mailPrefix, prefixEnd(this.keys.mailPrefix))], [get(this.keys.epoch)]);
+    } catch (err) {
+      throw this.ctx.fail(err, "drain the mailbox of", this.name);
+    }
+    if (!res.succeeded) this.fencedNow(valueOf(res.responses, 0));
+    return kvsOf(res.responses, 0).map((kv) => {
+      const mseq = Number(kv.key.toString("utf8").slice(this.keys.mailPrefix.length));
+      return { ...(JSON.parse(kv.value.toString("utf8")) as MailboxMessage), mseq };
+    });
+  }
+
+  async ack(upTo: number): Promise<void> {
+    this.guard();
+    if (!Number.isSafeInteger(upTo)) throw new StorageRejected("invalid", `ack: upTo must be an integer, got ${String(upTo)}.`);
+    if (upTo < 1) return;
+    const end = Buffer.from(this.keys.mail(upTo + 1));
+    try {
+      for (;;) {
+        const res = await this.ctx.txn([valueIs(this.keys.epoch, String(this.epoch))], [range(this.keys.mailPrefix, end, ACK_CHUNK)], [get(this.keys.epoch)]);
+        if (!res.succeeded) this.fencedNow(valueOf(res.responses, 0));
+        const kvs = kvsOf(res.responses, 0);
+        if (kvs.length === 0) return;
+        const deletes = kvs.flatMap((kv) => {
+          const key = kv.key.toString("utf8");
+          const id = (JSON.parse(kv.value.toString("utf8")) as MailboxMessage).id;
+          return [del(key), del(this.keys.mailId(id))];
+        });
+        const removed = await this.ctx.txn([valueIs(this.keys.epoch, String(this.epoch))], deletes, [get(this.keys.epoch)]);
+        if (!removed.succeeded) this.fencedNow(valueOf(removed.responses, 0));
+      }
+    } catch (err) {
+      throw this.ctx.fail(err, "acknowledge the mailbox of", this.name);
+    }
+  }
+
+  watch(listener: (signal: DatabaseSignal) => void): () => void {
+    if (this.closed) return () => {};
+    this.listeners.add(listener);
+    if (this.fencedBy) this.deliver(listener, { type: "fenced", epoch: this.fencedBy.epoch });
+    else {
+      // Like the reference adapter: mail already waiting is reported to a new watcher.
+      this.ctx
+        .txn([], [count(this.keys.mailPrefix)])
+        .then((res) => {
+          if (Number(res.responses[0]?.response_range.count ?? 0) > 0) this.deliver(listener, { type: "mailbox" });
+        })
+        .catch(() => undefined);
+    }
+    return () => {
+      this.listeners.delete(listener);
+    };
+  }
+
+  stats(): ReplicatedStats {
+    const q = this.ctx.health.view();
+    const backlog = this.pipeline.backlog();
+    return {
+      adapter: "replicated",
+      epoch: this.epoch,
+      fenced: this.fencedBy !== null,
+      poisoned: this.poison !== null,
+      membersReachable: q.membersReachable,
+      membersTotal: q.membersTotal,
+      quorumHeld: q.quorumHeld,
+      backlogCommits: backlog.commits,
+      backlogBytes: backlog.bytes,
+      quorumWaitSeconds: Math.max(0, q.lostSeconds - this.openedLostSeconds),
+      commitTxns: this.ctx.counters.commitTxns,
+      commitsResolved: this.ctx.counters.commitsResolved,
+    };
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.listeners.clear();
+    await this.pipeline.shutdown();
+    await Promise.all(this.watchers.map((w) => w.cancel().catch(() => undefined)));
+    this.copy.close();
+    this.init.onClose();
+  }
+
+  /** The cluster's head after checking (linearizably) that this handle still owns the database. */
+  private async ownedHead(op: string): Promise<number> {
+    let state;
+    try {
+      state = await readEpochHead(this.ctx, this.keys);
+    } catch (err) {
+      throw this.ctx.fail(err, op, this.name);
+    }
+    if (state.epoch !== this.epoch) this.fencedNow(state.epoch === null ? null : String(state.epoch));
+    return state.head;
+  }
+
+  /** Marks the handle fenced by the epoch the cluster holds (a string from etcd, or null) and throws. */
+  private fencedNow(current: string | null): never {
+    const epoch = current === null ? null : Number(current);
+    this.markFenced(epoch);
+    throw ResetError.fenced(this.name, this.epoch, epoch);
+  }
+
+  private markFenced(epoch: number | null): void {
+    if (this.fencedBy) return;
+    this.fencedBy = { epoch };
+    this.ctx.log.warn({ db: this.name, epoch: this.epoch, newEpoch: epoch }, "database opened by another process: this handle is fenced and must stop");
+    this.notify({ type: "fenced", epoch });
+  }
+
+  private setPoison(failure: StorageFailure): StorageFailure {
+    if (!this.poison) {
+      this.poison = failure;
+      this.ctx.log.error({ db: this.name, epoch: this.epoch, err: failure.message }, "database handle poisoned: a commit's outcome is unknown");
+    }
+    return failure;
+  }
+
+  private guard(): void {
+    if (this.closed) throw new ResetError("stop", "closed", `database handle "${this.name}" was closed; open the database again to use it.`);
+    if (this.fencedBy) throw ResetError.fenced(this.name, this.epoch, this.fencedBy.epoch);
+    if (this.poison) {
+      throw new StorageFailure(`database handle "${this.name}" is poisoned by an earlier commit whose outcome is unknown; reopen and read the log.`, { cause: this.poison });
+    }
+  }
+
+  private notify(signal: DatabaseSignal): void {
+    for (const listener of this.listeners) this.deliver(listener, signal);
+  }
+
+  private deliver(listener: (signal: DatabaseSignal) => void, signal: DatabaseSignal): void {
+    queueMicrotask(() => {
+      if (!this.listeners.has(listener)) return;
+      try {
+        listener(signal);
+      } catch {
+        // A watcher's own bug must not break the storage; the watcher owns its errors.
+      }
+    });
+  }
+}

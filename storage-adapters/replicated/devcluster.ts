@@ -1,0 +1,452 @@
+/**
+ * A real three-member etcd cluster on 127.0.0.1 for development, tests and benchmarks.
+ *
+ * Each member is an `etcd` child process named after its zone, with its own data directory under
+ * `dir`, on free ports (found by binding port 0). Nothing is faked: members fsync, elect a leader and
+ * lose quorum like production members do; only the zones are pretend (one machine).
+ *
+ * Two ways to use it:
+ * - `startDevCluster(...)` (tests, benchmarks): the members are children of this process; call
+ *   `stop()` in `after`/`finally`.
+ * - `clusterUp` / `clusterDown` / `clusterStatus` (the `cairn cluster up|down|status` CLI): members are
+ *   detached, and a JSON state file in `dir` records their pids and endpoints.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { Etcd3 } from "etcd3";
+import { z } from "zod";
+import { ConfigError } from "../../src/errors.js";
+import { StorageUnavailable } from "../../src/storage/errors.js";
+
+/** Default zones (and member names) of a dev cluster. */
+export const DEV_ZONES = ["zone-a", "zone-b", "zone-c"] as const;
+/** The state file `clusterUp` writes in its directory. */
+export const CLUSTER_STATE_FILE = "cairn-cluster.json";
+
+export interface DevClusterOptions {
+  /** A directory for the members' data and logs (created if missing). */
+  readonly dir: string;
+  /** Member names, one member per zone (default `DEV_ZONES`). */
+  readonly zones?: readonly string[];
+  /** Create a `root` user and enable etcd authentication (default false). */
+  readonly auth?: boolean;
+  /** The etcd binary (default `etcd` on PATH). */
+  readonly etcdBinary?: string;
+  /** How long to wait for a healthy cluster, in ms (default 30000). */
+  readonly readyTimeoutMs?: number;
+}
+
+export interface DevMember {
+  readonly name: string;
+  readonly clientUrl: string;
+  readonly peerUrl: string;
+  readonly dataDir: string;
+  readonly logFile: string;
+  /** The current process id (changes on restart); null while the member is stopped. */
+  readonly pid: number | null;
+}
+
+/** One member's health as `status()` sees it. */
+export interface MemberStatus {
+  readonly name: string;
+  readonly clientUrl: string;
+  readonly pid: number | null;
+  readonly running: boolean;
+  readonly reachable: boolean;
+  /** The leader id this member believes in ("0" when it has none); null when unreachable. */
+  readonly leader: string | null;
+  readonly isLeader: boolean;
+  readonly raftTerm: string | null;
+  readonly dbSizeBytes: number | null;
+}
+
+export interface ClusterStatus {
+  readonly members: readonly MemberStatus[];
+  readonly reachable: number;
+  /** A majority answers and agrees there is a leader. */
+  readonly quorumHeld: boolean;
+}
+
+/** A running dev cluster whose members are children of this process. */
+export interface DevCluster {
+  /** Client URLs of all members, in zone order. */
+  readonly endpoints: string[];
+  readonly members: readonly DevMember[];
+  /** Root credentials when started with `auth: true` (a random password), else null. */
+  readonly root: { readonly username: string; readonly password: string } | null;
+  /** Sends `signal` (default SIGKILL) to member `i` and waits for it to exit. */
+  kill(i: number, signal?: NodeJS.Signals): Promise<void>;
+  /** Sends `signal` to member `i` without waiting (SIGSTOP / SIGCONT freeze and thaw it: a hung machine). */
+  signal(i: number, signal: NodeJS.Signals): void;
+  /** Starts member `i` again on the same ports and data directory (it rejoins the cluster). */
+  restart(i: number): Promise<void>;
+  /** Health of every member; never throws. */
+  status(): Promise<ClusterStatus>;
+  /** Kills every member and waits for them to exit. Safe to call twice. */
+  stop(): Promise<void>;
+}
+
+interface MemberPlan {
+  name: string;
+  clientPort: number;
+  peerPort: number;
+  dataDir: string;
+  logFile: string;
+}
+
+/** Finds `count` distinct free TCP ports on 127.0.0.1 by binding port 0. */
+async function freePorts(count: number): Promise<number[]> {
+  const servers = await Promise.all(
+    Array.from({ length: count }, () =>
+      new Promise<import("node:net").Server>((resolve, reject) => {
+        const server = createServer();
+        server.once("error", reject);
+        server.listen(0, "127.0.0.1", () => resolve(server));
+      }),
+    ),
+  );
+  const ports = servers.map((s) => {
+    const address = s.address();
+    if (address === null || typeof address === "string") throw new Error("no port");
+    return address.port;
+  });
+  await Promise.all(servers.map((s) => new Promise<void>((resolve) => s.close(() => resolve()))));
+  return ports;
+}
+
+function memberArgs(plan: MemberPlan, all: readonly MemberPlan[], token: string): string[] {
+  const peer = (p: MemberPlan) => `http://127.0.0.1:${p.peerPort}`;
+  const client = `http://127.0.0.1:${plan.clientPort}`;
+  return [
+    "--name", plan.name,
+    "--data-dir", plan.dataDir,
+    "--listen-client-urls", client,
+    "--advertise-client-urls", client,
+    "--listen-peer-urls", peer(plan),
+    "--initial-advertise-peer-urls", peer(plan),
+    "--initial-cluster", all.map((p) => `${p.name}=${peer(p)}`).join(","),
+    "--initial-cluster-token", token,
+    "--initial-cluster-state", "new",
+    "--logger", "zap",
+    "--log-level", "warn",
+  ];
+}
+
+function spawnMember(binary: string, plan: MemberPlan, args: readonly string[], detached: boolean): ChildProcess {
+  const fd = openSync(plan.logFile, "a");
+  try {
+    const child = spawn(binary, args, { stdio: ["ignore", fd, fd], detached });
+    if (detached) child.unref();
+    return child;
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function validateZones(zones: readonly string[]): void {
+  if (zones.length !== 3 || new Set(zones).size !== 3 || zones.some((z) => !/^[a-z0-9][a-z0-9-]{0,62}$/.test(z))) {
+    throw new ConfigError(`dev cluster zones must be three distinct names of lowercase letters, digits and dashes; got ${JSON.stringify(zones)}`);
+  }
+}
+
+async function planMembers(dir: string, zones: readonly string[]): Promise<MemberPlan[]> {
+  validateZones(zones);
+  mkdirSync(dir, { recursive: true });
+  const ports = await freePorts(zones.length * 2);
+  return zones.map((name, i) => ({
+    name,
+    clientPort: ports[2 * i]!,
+    peerPort: ports[2 * i + 1]!,
+    dataDir: join(dir, `${name}.etcd`),
+    logFile: join(dir, `${name}.log`),
+  }));
+}
+
+function statusClient(url: string, auth: { username: string; password: string } | null): Etcd3 {
+  return new Etcd3({
+    hosts: [url],
+    ...(auth ? { auth: { username: auth.username, password: auth.password } } : {}),
+    defaultCallOptions: () => ({ deadline: Date.now() + 1500 }),
+    dialTimeout: 1500,
+  });
+}
+
+async function memberStatuses(
+  members: readonly { name: string; clientUrl: string; pid: number | null; running: boolean }[],
+  auth: { username: string; password: string } | null,
+): Promise<ClusterStatus> {
+  const results = await Promise.all(
+    members.map(async (m): Promise<MemberStatus> => {
+      const base = { name: m.name, clientUrl: m.clientUrl, pid: m.pid, running: m.running };
+      if (!m.running) return { ...base, reachable: false, leader: null, isLeader: false, raftTerm: null, dbSizeBytes: null };
+      const client = statusClient(m.clientUrl, auth);
+      try {
+        const s = await client.maintenance.status();
+        return {
+          ...base,
+          reachable: true,
+          leader: s.leader,
+          isLeader: s.leader !== "0" && s.leader === s.header.member_id,
+          raftTerm: s.raftTerm,
+          dbSizeBytes: Number(s.dbSize),
+        };
+      } catch {
+        return { ...base, reachable: false, leader: null, isLeader: false, raftTerm: null, dbSizeBytes: null };
+      } finally {
+        client.close();
+      }
+    }),
+  );
+  const reachable = results.filter((r) => r.reachable).length;
+  const withLeader = results.filter((r) => r.reachable && r.leader !== "0").length;
+  return { members: results, reachable, quorumHeld: withLeader * 2 > results.length };
+}
+
+async function waitHealthy(endpoints: readonly string[], timeoutMs: number, logFiles: readonly string[]): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  const client = new Etcd3({ hosts: [...endpoints], defaultCallOptions: () => ({ deadline: Date.now() + 2000 }) });
+  try {
+    for (;;) {
+      try {
+        // A linearizable read needs a leader and a quorum; each member must also answer.
+        await client.get("cairn/health").string();
+        const all = await Promise.all(
+          endpoints.map(async (url) => {
+            const c = statusClient(url, null);
+            try {
+              return (await c.maintenance.status()).leader !== "0";
+            } finally {
+              c.close();
+            }
+          }),
+        );
+        if (all.every(Boolean)) return;
+      } catch {
+        // not ready yet
+      }
+      if (Date.now() > deadline) {
+        const tails = logFiles.map((f) => (existsSync(f) ? readFileSync(f, "utf8").slice(-800) : "")).join("\n---\n");
+        throw new StorageUnavailable(`the dev etcd cluster did not become healthy within ${timeoutMs} ms; member logs end with:\n${tails}`);
+      }
+      await sleep(150);
+    }
+  } finally {
+    client.close();
+  }
+}
+
+async function enableAuth(endpoints: readonly string[]): Promise<{ username: string; password: string }> {
+  const password = randomBytes(18).toString("base64url");
+  const client = new Etcd3({ hosts: [...endpoints] });
+  try {
+    await client.user("root").create(password);
+    await client.role("root").create().catch(() => undefined);
+    await client.user("root").addRole("root");
+    await client.auth.authEnable();
+  } finally {
+    client.close();
+  }
+  return { username: "root", password };
+}
+
+function waitExit(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  return new Promise((resolve) => child.once("exit", () => resolve()));
+}
+
+/**
+ * Starts three etcd members (one per zone) as children of this process and waits until the cluster
+ * has a leader and every member answers. Throws StorageUnavailable (with the members' log tails) when
+ * it does not become healthy in time; the members are stopped in that case.
+ */
+export async function startDevCluster(options: DevClusterOptions): Promise<DevCluster> {
+  const binary = options.etcdBinary ?? "etcd";
+  const plans = await planMembers(options.dir, options.zones ?? DEV_ZONES);
+  const token = `cairn-dev-${randomBytes(6).toString("hex")}`;
+  const args = plans.map((p) => memberArgs(p, plans, token));
+  const children: (ChildProcess | null)[] = plans.map((p, i) => spawnMember(binary, p, args[i]!, false));
+  const endpoints = plans.map((p) => `http://127.0.0.1:${p.clientPort}`);
+  let root: { username: string; password: string } | null = null;
+  let stopped = false;
+
+  const killOne = async (i: number, signal: NodeJS.Signals): Promise<void> => {
+    const child = children[i];
+    if (!child) return;
+    children[i] = null;
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill(signal);
+      await waitExit(child);
+    }
+  };
+  const stop = async (): Promise<void> => {
+    stopped = true;
+    await Promise.all(plans.map((_, i) => killOne(i, "SIGKILL")));
+  };
+
+  try {
+    await waitHealthy(endpoints, options.readyTimeoutMs ?? 30_000, plans.map((p) => p.logFile));
+    if (options.auth) root = await enableAuth(endpoints);
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+
+  const members = (): DevMember[] =>
+    plans.map((p, i) => ({
+      name: p.name,
+      clientUrl: endpoints[i]!,
+      peerUrl: `http://127.0.0.1:${p.peerPort}`,
+      dataDir: p.dataDir,
+      logFile: p.logFile,
+      pid: children[i]?.pid ?? null,
+    }));
+  const check = (i: number): void => {
+    if (!Number.isInteger(i) || i < 0 || i >= plans.length) throw new ConfigError(`member index ${i} is out of range 0..${plans.length - 1}`);
+  };
+
+  return {
+    endpoints,
+    get members() {
+      return members();
+    },
+    root,
+    async kill(i, signal = "SIGKILL") {
+      check(i);
+      await killOne(i, signal);
+    },
+    signal(i, signal) {
+      check(i);
+      children[i]?.kill(signal);
+    },
+    async restart(i) {
+      check(i);
+      if (stopped) throw new ConfigError("the dev cluster was stopped; start a new one");
+      await killOne(i, "SIGKILL");
+      children[i] = spawnMember(binary, plans[i]!, args[i]!, false);
+    },
+    status() {
+      return memberStatuses(
+        members().map((m, i) => ({ ...m, running: children[i] !== null && children[i]!.exitCode === null })),
+        root,
+      );
+    },
+    stop,
+  };
+}
+
+const ClusterState = z.strictObject({
+  version: z.literal(1),
+  endpoints: z.array(z.string()),
+  root: z.strictObject({ username: z.string(), password: z.string() }).nullable(),
+  members: z.array(
+    z.strictObject({ name: z.string(), clientUrl: z.string(), peerUrl: z.string(), dataDir: z.string(), logFile: z.string(), pid: z.number().int() }),
+  ),
+});
+export type ClusterState = z.infer<typeof ClusterState>;
+
+function statePath(dir: string): string {
+  return join(dir, CLUSTER_STATE_FILE);
+}
+
+/** Reads the state file `clusterUp` wrote in `dir`; null when there is none. Throws ConfigError when it is unreadable. */
+export function readClusterState(dir: string): ClusterState | null {
+  const path = statePath(dir);
+  if (!existsSync(path)) return null;
+  try {
+    return ClusterState.parse(JSON.parse(readFileSync(path, "utf8")));
+  } catch (err) {
+    throw new ConfigError(`the cluster state file ${path} is not valid; remove it after checking no etcd from it still runs`, { cause: err });
+  }
+}
+
+/** True when `pid` is alive and is an etcd process using `dataDir` (so we never kill a recycled pid). */
+function isOurEtcd(pid: number, dataDir: string): boolean {
+  try {
+    const cmdline = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+    return cmdline.some((a) => a.endsWith("etcd")) && cmdline.includes(dataDir);
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * `cairn cluster up`: starts a detached three-member dev cluster in `dir`, waits until it is healthy,
+ * and writes `dir/cairn-cluster.json` (pids, endpoints; the root password when `auth`). Refuses when
+ * the state file names members that still run. Returns the state written.
+ */
+export async function clusterUp(options: DevClusterOptions): Promise<ClusterState> {
+  const existing = readClusterState(options.dir);
+  if (existing && existing.members.some((m) => isOurEtcd(m.pid, m.dataDir))) {
+    throw new ConfigError(`a dev cluster already runs from ${options.dir} (endpoints ${existing.endpoints.join(",")}); run \`cairn cluster down\` first`);
+  }
+  const binary = options.etcdBinary ?? "etcd";
+  const plans = await planMembers(options.dir, options.zones ?? DEV_ZONES);
+  const token = `cairn-dev-${randomBytes(6).toString("hex")}`;
+  const children = plans.map((p) => spawnMember(binary, p, memberArgs(p, plans, token), true));
+  const endpoints = plans.map((p) => `http://127.0.0.1:${p.clientPort}`);
+  const state: ClusterState = {
+    version: 1,
+    endpoints,
+    root: null,
+    members: plans.map((p, i) => ({
+      name: p.name,
+      clientUrl: endpoints[i]!,
+      peerUrl: `http://127.0.0.1:${p.peerPort}`,
+      dataDir: p.dataDir,
+      logFile: p.logFile,
+      pid: children[i]!.pid ?? -1,
+    })),
+  };
+  writeFileSync(statePath(options.dir), JSON.stringify(state, null, 2), { mode: 0o600 });
+  try {
+    await waitHealthy(endpoints, options.readyTimeoutMs ?? 30_000, plans.map((p) => p.logFile));
+    if (options.auth) {
+      const root = await enableAuth(endpoints);
+      const withRoot = { ...state, root };
+      writeFileSync(statePath(options.dir), JSON.stringify(withRoot, null, 2), { mode: 0o600 });
+      return withRoot;
+    }
+  } catch (err) {
+    await clusterDown(options.dir);
+    throw err;
+  }
+  return state;
+}
+
+/**
+ * `cairn cluster down`: stops the members recorded in `dir`'s state file (SIGTERM, then SIGKILL after
+ * 5 s) and waits for them to exit, only after checking each pid is still an etcd using that member's
+ * data directory. Returns the names of the members it stopped. Data directories are kept.
+ */
+export async function clusterDown(dir: string): Promise<string[]> {
+  const state = readClusterState(dir);
+  if (!state) return [];
+  const stopped: string[] = [];
+  await Promise.all(
+    state.members.map(async (m) => {
+      if (!isOurEtcd(m.pid, m.dataDir)) return;
+      process.kill(m.pid, "SIGTERM");
+      for (let i = 0; i < 50 && isOurEtcd(m.pid, m.dataDir); i++) await sleep(100);
+      if (isOurEtcd(m.pid, m.dataDir)) {
+        process.kill(m.pid, "SIGKILL");
+        for (let i = 0; i < 50 && isOurEtcd(m.pid, m.dataDir); i++) await sleep(100);
+      }
+      stopped.push(m.name);
+    }),
+  );
+  return stopped;
+}
+
+/** `cairn cluster status`: the health of the members recorded in `dir`; null when no cluster was started there. */
+export async function clusterStatus(dir: string): Promise<ClusterStatus | null> {
+  const state = readClusterState(dir);
+  if (!state) return null;
+  return memberStatuses(
+    state.members.map((m) => ({ name: m.name, clientUrl: m.clientUrl, pid: m.pid, running: isOurEtcd(m.pid, m.dataDir) })),
+    state.root,
+  );
+}

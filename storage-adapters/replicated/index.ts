@@ -1,0 +1,160 @@
+/**
+ * The replicated adapter: the Storage contract on an etcd cluster of three voting members, one per
+ * zone. A commit resolves once etcd committed it, i.e. once a majority (2 of 3 zones) holds it,
+ * fsynced. No replication protocol of our own: one guarded etcd transaction per commit (group).
+ *
+ * Layout of the keys: layout.ts. Commits, grouping and unknown outcomes: commit-pipeline.ts.
+ * Ownership and fencing: database.ts. Local SQLite copy: local-copy.ts. Error mapping:
+ * etcd-errors.ts. Limits and deployment: deploy/etcd/README.md.
+ */
+import { readFileSync } from "node:fs";
+import { Etcd3, type IOptions } from "etcd3";
+import type { LogEvent } from "../../src/state/events.js";
+import type { Database, MailboxMessage, OpenOptions, Reader, Storage } from "../../src/storage/contract.js";
+import { DatabaseNotFound, ResetError } from "../../src/storage/errors.js";
+import { checkRange, isValidDatabaseName } from "../memory/semantics.js";
+import { readEpochHead, readFromCluster } from "./cluster-log.js";
+import { Context } from "./context.js";
+import type { ReplicatedDatabase } from "./database.js";
+import { HealthMonitor } from "./health.js";
+import { ROOT_PREFIX, keysOf } from "./layout.js";
+import { postMessage } from "./mailbox.js";
+import { checkMembers, openReplicatedDatabase } from "./open.js";
+import { kvsOf, prefixEnd, range } from "./ops.js";
+import { resolveOptions, type ReplicatedLogger, type ReplicatedOptions } from "./options.js";
+
+export type { ReplicatedOptions, ReplicatedLogger } from "./options.js";
+export type { ReplicatedStats } from "./database.js";
+export { MAX_BATCH_BYTES, MAX_BATCH_EVENTS, MAX_TXN_OPS } from "./layout.js";
+export { localCopyPath } from "./local-copy.js";
+
+const silent: ReplicatedLogger = { info: () => {}, warn: () => {}, error: () => {} };
+
+/** Largest gRPC message we accept (a page of log records). */
+const MAX_RECEIVE_BYTES = 64 * 1024 * 1024;
+
+/**
+ * Creates a replicated Storage. Options are validated now (ConfigError naming the option); the
+ * cluster is first contacted by `open`, `reader`, `post` or `list`. `open` refuses a cluster with
+ * fewer than three voting members unless `allowSmallCluster`. Credentials are never logged.
+ */
+export function createReplicatedStorage(options: ReplicatedOptions): Storage {
+  const opts = resolveOptions(options);
+  const log = opts.logger ?? silent;
+  const clientOptions: Omit<IOptions, "hosts"> = {
+    ...(opts.username !== undefined && opts.password !== undefined ? { auth: { username: opts.username, password: opts.password } } : {}),
+    ...(opts.tls
+      ? {
+          credentials: {
+            rootCertificate: readFileSync(opts.tls.ca),
+            ...(opts.tls.key ? { privateKey: readFileSync(opts.tls.key) } : {}),
+            ...(opts.tls.cert ? { certChain: readFileSync(opts.tls.cert) } : {}),
+          },
+        }
+      : {}),
+    grpcOptions: { "grpc.max_receive_message_length": MAX_RECEIVE_BYTES },
+  };
+  const client = new Etcd3({
+    ...clientOptions,
+    hosts: [...opts.endpoints],
+    // Unary calls get a deadline (an unanswered commit is then resolved by reading back); watch streams do not.
+    defaultCallOptions: (context) => (context.isStream ? {} : { deadline: Date.now() + opts.commitTimeoutMs }),
+  });
+  const health = new HealthMonitor(clientOptions, opts.healthIntervalMs, log);
+  const ctx = new Context(client, opts, log, health);
+  const open = new Set<ReplicatedDatabase>();
+  let membersLogged = false;
+  let closed = false;
+
+  const ensureOpen = (): void => {
+    if (closed) throw new ResetError("stop", "closed", "this replicated storage was closed; create a new one.");
+  };
+
+  return {
+    adapter: "replicated",
+
+    async open(name: string, openOptions: OpenOptions = {}): Promise<Database> {
+      ensureOpen();
+      const members = await checkMembers(ctx);
+      if (!membersLogged) {
+        membersLogged = true;
+        for (const m of members) log.info({ member: m.name, zone: m.zone, clientUrls: m.clientUrls }, "etcd voting member");
+      }
+      health.start(members.flatMap((m) => m.clientUrls.slice(0, 1)));
+      const db = await openReplicatedDatabase(ctx, name, openOptions.create !== false, (d) => open.delete(d));
+      open.add(db);
+      return db;
+    },
+
+    async reader(name: string): Promise<Reader> {
+      ensureOpen();
+      if (!isValidDatabaseName(name)) throw new DatabaseNotFound(name);
+      const keys = keysOf(name);
+      try {
+        if ((await readEpochHead(ctx, keys)).epoch === null) throw new DatabaseNotFound(name);
+      } catch (err) {
+        throw ctx.fail(err, "read", name);
+      }
+      let readerClosed = false;
+      const guard = (): void => {
+        if (readerClosed) throw new ResetError("stop", "closed", `reader of "${name}" was closed.`);
+      };
+      return {
+        name,
+        async read(afterSeq = 0, limit?: number): Promise<LogEvent[]> {
+          guard();
+          checkRange(afterSeq, limit);
+          try {
+            return await readFromCluster(ctx, keys, afterSeq, limit);
+          } catch (err) {
+            throw ctx.fail(err, "read", name);
+          }
+        },
+        async head(): Promise<number> {
+          guard();
+          try {
+            return (await readEpochHead(ctx, keys)).head;
+          } catch (err) {
+            throw ctx.fail(err, "read the head of", name);
+          }
+        },
+        async close(): Promise<void> {
+          readerClosed = true;
+        },
+      };
+    },
+
+    async post(name: string, message: MailboxMessage): Promise<void> {
+      ensureOpen();
+      await postMessage(ctx, name, message);
+    },
+
+    async list(): Promise<string[]> {
+      ensureOpen();
+      // A skip scan: one single-key range per database, never the databases' own keys.
+      const names: string[] = [];
+      const end = prefixEnd(ROOT_PREFIX);
+      let from = ROOT_PREFIX;
+      try {
+        for (;;) {
+          const res = await ctx.txn([], [{ request_range: { ...range(from, end, 1).request_range, keys_only: true } }]);
+          const kv = kvsOf(res.responses, 0)[0];
+          if (!kv) return names.sort();
+          const name = kv.key.toString("utf8").slice(ROOT_PREFIX.length).split("/")[0]!;
+          if (isValidDatabaseName(name)) names.push(name);
+          from = `${ROOT_PREFIX}${name}0`; // "0" sorts right after "/": skip every key of `name`
+        }
+      } catch (err) {
+        throw ctx.fail(err, "list databases in");
+      }
+    },
+
+    async close(): Promise<void> {
+      if (closed) return;
+      closed = true;
+      await Promise.all([...open].map((db) => db.close()));
+      health.stop();
+      client.close();
+    },
+  };
+}

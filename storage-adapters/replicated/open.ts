@@ -1,0 +1,156 @@
+/**
+ * Opening a replicated database: check the cluster's members, claim the next epoch in one
+ * transaction, then bring the local copy in line with the cluster (verify, discard when diverged,
+ * catch up), and start watching.
+ */
+import { existsSync, rmSync } from "node:fs";
+import { ConfigError } from "../../src/errors.js";
+import { DatabaseNotFound } from "../../src/storage/errors.js";
+import { forEachBatch, readEpochHead } from "./cluster-log.js";
+import type { Context } from "./context.js";
+import { ReplicatedDatabase } from "./database.js";
+import { GENESIS_HASH, checkDatabaseName, decodeBatch, keysOf, type Keys } from "./layout.js";
+import { LocalCopy, localCopyPath } from "./local-copy.js";
+import { absent, get, put, valueIs, valueOf } from "./ops.js";
+
+/** Claim attempts before giving up (each failed attempt means another opener won that round). */
+const MAX_CLAIMS = 20;
+
+/** A voting member and its zone. */
+export interface MemberInfo {
+  readonly name: string;
+  readonly zone: string;
+  readonly clientUrls: readonly string[];
+}
+
+/**
+ * Lists the cluster's voting members and refuses a cluster of fewer than three (unless
+ * allowSmallCluster), with a sentence naming how many were found. Learners do not count.
+ */
+export async function checkMembers(ctx: Context): Promise<MemberInfo[]> {
+  let list;
+  try {
+    list = await ctx.client.cluster.memberList({});
+  } catch (err) {
+    throw ctx.fail(err, "list the members of the etcd cluster to open");
+  }
+  const voters = list.members.filter((m) => !m.isLearner);
+  const learners = list.members.length - voters.length;
+  const zoneOf = (name: string) => ctx.opts.zones?.[name] ?? name;
+  const members = voters.map((m) => ({ name: m.name, zone: zoneOf(m.name), clientUrls: m.clientURLs }));
+  if (voters.length < 3 && !ctx.opts.allowSmallCluster) {
+    throw new ConfigError(
+      `the etcd cluster at ${ctx.opts.endpoints.join(",")} has ${voters.length} voting member${voters.length === 1 ? "" : "s"}` +
+        `${learners > 0 ? ` (and ${learners} learner${learners === 1 ? "" : "s"}, which do not count)` : ""}; ` +
+        `the replicated adapter needs at least 3, one per zone, so that a commit is held in 2 zones. Add members, or set allowSmallCluster for development only.`,
+    );
+  }
+  const zones = new Set(members.map((m) => m.zone));
+  if (zones.size < members.length) {
+    ctx.log.warn({ zones: members.map((m) => `${m.name}:${m.zone}`) }, "several etcd voting members share a zone: losing that zone may lose the quorum");
+  }
+  return members;
+}
+
+/** Claims the next epoch of `name` (creating the database unless `create` is false). */
+async function claim(ctx: Context, keys: Keys, name: string, create: boolean): Promise<{ epoch: number; head: number; revision: string }> {
+  for (let attempt = 0; attempt < MAX_CLAIMS; attempt++) {
+    const current = await readEpochHead(ctx, keys);
+    if (current.epoch === null) {
+      if (!create) throw new DatabaseNotFound(name);
+      const res = await ctx.txn([absent(keys.epoch)], [put(keys.epoch, "1"), put(keys.head, "0"), put(keys.mseq, "0")]);
+      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision };
+      continue;
+    }
+    const next = current.epoch + 1;
+    const res = await ctx.txn([valueIs(keys.epoch, String(current.epoch))], [put(keys.epoch, String(next)), get(keys.head)]);
+    if (res.succeeded) return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision };
+  }
+  throw new ConfigError(`could not claim database "${name}": ${MAX_CLAIMS} other openers claimed it at the same time; is a restart loop running?`);
+}
+
+/**
+ * Brings the local copy in line with the cluster's log up to `head` (which cannot move: we own the
+ * epoch). Diverged copies (a bad hash chain, a local head past the cluster's, a last batch the
+ * cluster does not hold identically) are discarded and rebuilt, and that is logged. Returns the hash
+ * of the last batch.
+ */
+async function syncCopy(ctx: Context, keys: Keys, name: string, copy: LocalCopy, head: number): Promise<string> {
+  let problem: string | null;
+  try {
+    problem = copy.verify();
+  } catch (err) {
+    problem = `the local copy cannot be read (${(err as Error).message})`;
+  }
+  const localHead = copy.head();
+  if (problem === null && localHead > head) problem = `the local copy reaches seq ${localHead}, past the cluster's head ${head}`;
+  const last = copy.lastBatch();
+  if (problem === null && last !== null) {
+    const res = await ctx.txn([], [get(keys.log(last.first))]);
+    const value = valueOf(res.responses, 0);
+    const cluster = value === null ? null : decodeBatch(keys.log(last.first), value);
+    if (cluster === null || cluster.header.hash !== last.hash || cluster.header.last !== last.last) {
+      problem = `the local batch at seq ${last.first} is not the cluster's`;
+    }
+  }
+  if (problem !== null) {
+    ctx.log.warn({ db: name, path: copy.path, problem }, "local copy diverged from the cluster: discarding it and rebuilding from the cluster");
+    copy.discard();
+  }
+  const from = copy.head();
+  const prevHash = from === 0 ? GENESIS_HASH : copy.lastBatch()!.hash;
+  if (from < head) {
+    const hash = await forEachBatch(ctx, keys, from + 1, head, prevHash, (records) => copy.append(records));
+    ctx.log.info({ db: name, from, to: head }, from === 0 ? "local copy rebuilt from the cluster" : "local copy caught up with the cluster");
+    return hash ?? prevHash;
+  }
+  return prevHash;
+}
+
+/**
+ * Opens the local copy; a file SQLite cannot read (torn by a crash: it is written with
+ * synchronous=NORMAL) is removed and started afresh, to be rebuilt from the cluster.
+ */
+function openCopy(ctx: Context, name: string): LocalCopy {
+  const path = localCopyPath(ctx.opts.dataDir, name);
+  try {
+    return new LocalCopy(path);
+  } catch (err) {
+    if (!existsSync(path)) throw err;
+    ctx.log.warn({ db: name, path, err: (err as Error).message }, "local copy unreadable: removing it and rebuilding from the cluster");
+    for (const suffix of ["", "-wal", "-shm"]) rmSync(path + suffix, { force: true });
+    return new LocalCopy(path);
+  }
+}
+
+/** `Storage.open` for the replicated adapter. */
+export async function openReplicatedDatabase(ctx: Context, name: string, create: boolean, onClose: (db: ReplicatedDatabase) => void): Promise<ReplicatedDatabase> {
+  checkDatabaseName(name);
+  const keys = keysOf(name);
+  let claimed;
+  try {
+    claimed = await claim(ctx, keys, name, create);
+  } catch (err) {
+    throw ctx.fail(err, "open", name);
+  }
+  const copy = openCopy(ctx, name);
+  try {
+    const lastHash = await syncCopy(ctx, keys, name, copy, claimed.head);
+    const db: ReplicatedDatabase = new ReplicatedDatabase(ctx, {
+      name,
+      epoch: claimed.epoch,
+      keys,
+      copy,
+      head: claimed.head,
+      lastHash,
+      claimRevision: claimed.revision,
+      onClose: () => onClose(db),
+    });
+    await db.startWatches();
+    ctx.log.info({ db: name, epoch: claimed.epoch, head: claimed.head }, "database opened");
+    return db;
+  } catch (err) {
+    copy.close();
+    throw ctx.fail(err, "open", name);
+  }
+}

@@ -1,0 +1,158 @@
+/**
+ * The replicated commit path on a real cluster: grouping of concurrent commits into fewer etcd
+ * transactions with one receipt each, a duplicate identity failing only its own batch (also when the
+ * cluster knows an identity the local copy does not), and etcd's size limits refused as too_large
+ * before anything is written.
+ */
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import { Etcd3 } from "etcd3";
+import type { Storage } from "../../src/storage/contract.js";
+import { MAX_BATCH_BYTES, MAX_BATCH_EVENTS, createReplicatedStorage, type ReplicatedStats } from "../../storage-adapters/replicated/index.js";
+import { AT, devCluster, ev, tempDir } from "./helpers.js";
+import { event } from "../../src/state/events.js";
+
+describe("replicated commits", () => {
+  let dc: Awaited<ReturnType<typeof devCluster>>;
+  let storage: Storage;
+  let etcd: Etcd3;
+  const dirs = tempDir("commit");
+
+  before(async () => {
+    dc = await devCluster();
+    storage = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: dirs.dir });
+    etcd = new Etcd3({ hosts: dc.cluster.endpoints });
+  });
+  after(async () => {
+    etcd?.close();
+    await storage?.close().catch(() => undefined);
+    await dc?.stop();
+    dirs.remove();
+  });
+
+  it("64 concurrent commits from one process resolve with distinct, ordered receipts in fewer etcd transactions", async () => {
+    const db = await storage.open("group");
+    await db.commit([ev("warm")]);
+    const before = db.stats() as ReplicatedStats;
+    const batches = Array.from({ length: 64 }, (_, i) => (i % 3 === 0 ? [ev(`g${i}a`), ev(`g${i}b`)] : [ev(`g${i}`)]));
+    const commits = batches.map((b) => db.commit(b));
+    // Reads and heads racing the in-flight commits see a prefix of the log, never an error.
+    const reads = await Promise.all([db.read(), db.head(), db.read(1), db.head()]);
+    const receipts = await Promise.all(commits);
+    assert.ok((reads[0] as unknown[]).length >= 1 && (reads[1] as number) >= 1);
+    const afterStats = db.stats() as ReplicatedStats;
+    const txns = afterStats.commitTxns - before.commitTxns;
+    assert.ok(txns < 64, `expected grouping: ${txns} etcd transactions for 64 commits`);
+    assert.equal(afterStats.commitsResolved - before.commitsResolved, 64);
+    // Receipts tile seq 2..N exactly, each the size of its batch.
+    const sorted = receipts.map((r, i) => ({ ...r, i })).sort((a, b) => a.firstSeq - b.firstSeq);
+    let next = 2;
+    for (const r of sorted) {
+      assert.equal(r.firstSeq, next);
+      assert.equal(r.lastSeq - r.firstSeq + 1, batches[r.i]!.length);
+      next = r.lastSeq + 1;
+    }
+    // The log holds each batch at its receipt, read from a fresh machine (rebuilt from the cluster).
+    const other = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/other` });
+    try {
+      const reader = await other.reader("group");
+      const log = await reader.read();
+      assert.equal(log.length, next - 1);
+      receipts.forEach((r, i) => {
+        assert.deepEqual(
+          log.slice(r.firstSeq - 1, r.lastSeq).map((e) => e.identity),
+          batches[i]!.map((e) => e.identity),
+        );
+      });
+    } finally {
+      await other.close();
+    }
+    await db.close();
+  });
+
+  it("a duplicate identity among concurrent commits fails only its own batch", async () => {
+    const db = await storage.open("dups");
+    await db.commit([ev("old")]);
+    const results = await Promise.allSettled([
+      db.commit([ev("d1")]),
+      db.commit([ev("d2"), ev("old")]), // already in the log
+      db.commit([ev("d3")]),
+      db.commit([ev("same")]),
+      db.commit([ev("same"), ev("d4")]), // same identity as a concurrent batch: only one of them lands
+      db.commit([ev("d5")]),
+    ]);
+    assert.equal(results[0]!.status, "fulfilled");
+    assert.equal(results[2]!.status, "fulfilled");
+    assert.equal(results[5]!.status, "fulfilled");
+    const r1 = results[1]!;
+    assert.ok(r1.status === "rejected" && (r1.reason as { reason?: string }).reason === "duplicate_identity");
+    assert.deepEqual([...(r1.reason as { identities: string[] }).identities], ["old"]);
+    const sameOutcomes = [results[3]!.status, results[4]!.status].sort();
+    assert.deepEqual(sameOutcomes, ["fulfilled", "rejected"]);
+    const ids = (await db.read()).map((e) => e.identity);
+    assert.equal(ids.filter((i) => i === "same").length, 1);
+    assert.ok(!ids.includes("d2"), "the refused batch left no trace");
+    await db.close();
+  });
+
+  it("an identity the cluster holds but the local copy does not: the group falls back to one txn per batch, only that batch fails", async () => {
+    const db = await storage.open("ghost");
+    await db.commit([ev("first")]);
+    // Another writer's identity key, unknown to our local copy (as if the copy had lost it).
+    await etcd.put("cairn/db/ghost/ident/ghost-id").value("99");
+    const results = await Promise.allSettled(Array.from({ length: 8 }, (_, i) => db.commit(i === 3 ? [ev(`ok${i}`), ev("ghost-id")] : [ev(`ok${i}`)])));
+    results.forEach((r, i) => {
+      if (i === 3) {
+        assert.ok(r.status === "rejected", "the batch holding the cluster's identity is refused");
+        assert.equal((r.reason as { reason?: string }).reason, "duplicate_identity");
+        assert.deepEqual([...(r.reason as { identities: string[] }).identities], ["ghost-id"]);
+      } else {
+        assert.equal(r.status, "fulfilled", `batch ${i}: ${r.status === "rejected" ? String(r.reason) : ""}`);
+      }
+    });
+    const ids = (await db.read()).map((e) => e.identity);
+    assert.equal(ids.length, 8);
+    assert.ok(!ids.includes("ok3") && !ids.includes("ghost-id"));
+    assert.equal(await db.head(), 8);
+    await db.close();
+  });
+
+  it("list() names every database once, sorted, without reading their logs", async () => {
+    const names = await storage.list();
+    for (const n of ["dups", "ghost", "group"]) assert.ok(names.includes(n), `${n} in ${names.join(",")}`);
+    assert.deepEqual(names, [...new Set(names)].sort());
+  });
+
+  it("an event over the size limit, or too many events, is refused as too_large before anything is written", async () => {
+    const db = await storage.open("big");
+    await db.commit([ev("small")]);
+    const revisionBefore = (await etcd.get("cairn/db/big/head").exec()).header.revision;
+    const huge = event("execution_output", "s1", "huge", AT, { cell_id: 1, n: 0, stream: "stdout", data: "x".repeat(MAX_BATCH_BYTES + 10) });
+    await assert.rejects(db.commit([huge]), (err: unknown) => {
+      assert.equal((err as { code?: string }).code, "rejected");
+      assert.equal((err as { reason?: string }).reason, "too_large");
+      assert.match((err as Error).message, /at most \d+ bytes per commit/);
+      return true;
+    });
+    const many = Array.from({ length: MAX_BATCH_EVENTS + 1 }, (_, i) => ev(`many${i}`));
+    await assert.rejects(db.commit(many), (err: unknown) => (err as { reason?: string }).reason === "too_large");
+    // Nothing was written anywhere in etcd, and the handle is still usable.
+    assert.equal((await etcd.get("cairn/db/big/head").exec()).header.revision, revisionBefore);
+    assert.deepEqual(await db.commit([ev("after")]), { firstSeq: 2, lastSeq: 2 });
+    // The largest allowed batch goes through as one atomic commit.
+    const max = Array.from({ length: MAX_BATCH_EVENTS }, (_, i) => ev(`max${i}`));
+    assert.deepEqual(await db.commit(max), { firstSeq: 3, lastSeq: 2 + MAX_BATCH_EVENTS });
+    // Just under the byte limit still fits etcd's request limit (1.5 MiB), and reads back whole.
+    const nearly = event("execution_output", "s1", "nearly", AT, { cell_id: 1, n: 1, stream: "stdout", data: "y".repeat(MAX_BATCH_BYTES - 4096) });
+    const r = await db.commit([nearly]);
+    assert.equal(r.firstSeq, 3 + MAX_BATCH_EVENTS);
+    const fresh = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/fresh-big` });
+    try {
+      const back = await (await fresh.reader("big")).read(r.firstSeq - 1);
+      assert.deepEqual(back, [{ ...nearly, seq: r.firstSeq }]);
+    } finally {
+      await fresh.close();
+    }
+    await db.close();
+  });
+});

@@ -1,0 +1,65 @@
+/**
+ * Helpers of the replicated adapter's tests: one dev cluster per test file, fresh data directories,
+ * a logger that captures every line (to assert on warnings and on secrets never appearing), and
+ * valid events.
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { event, type NewEvent } from "../../src/state/events.js";
+import { startDevCluster, type DevCluster, type DevClusterOptions } from "../../storage-adapters/replicated/devcluster.js";
+import type { ReplicatedLogger } from "../../storage-adapters/replicated/index.js";
+
+/** A fixed timestamp: the storage never interprets `at`. */
+export const AT = "2025-01-02T03:04:05.678Z";
+
+/** A small valid event with identity `id` in session `session`. */
+export function ev(id: string, session = "s1", note = ""): NewEvent {
+  return event("timer_fired", session, id, AT, { timer_id: `${id}${note}`, due_at: AT, late_ms: 0 });
+}
+
+/** A temporary directory removed by the returned cleanup. */
+export function tempDir(prefix: string): { dir: string; remove: () => void } {
+  const dir = mkdtempSync(join(tmpdir(), `cairn-${prefix}-`));
+  return { dir, remove: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/** A logger that records every line as JSON text (object and message). */
+export function captureLogger(): ReplicatedLogger & { lines: string[] } {
+  const lines: string[] = [];
+  const rec = (level: string) => (obj: object, msg?: string) => {
+    lines.push(JSON.stringify({ level, msg, ...obj }));
+  };
+  return { lines, info: rec("info"), warn: rec("warn"), error: rec("error") };
+}
+
+/** Starts a dev cluster in a fresh temporary directory; `stop()` stops it and removes the directory. */
+export async function devCluster(options: Omit<DevClusterOptions, "dir"> = {}): Promise<{ cluster: DevCluster; dir: string; stop: () => Promise<void> }> {
+  const { dir, remove } = tempDir("etcd");
+  let cluster: DevCluster;
+  try {
+    cluster = await startDevCluster({ ...options, dir });
+  } catch (err) {
+    remove();
+    throw err;
+  }
+  return {
+    cluster,
+    dir,
+    stop: async () => {
+      await cluster.stop();
+      remove();
+    },
+  };
+}
+
+/** Resolves to "pending" when `p` has not settled after `ms` (a check that something waits, not a speed assertion). */
+export async function stillPending<T>(p: Promise<T>, ms: number): Promise<"pending" | "settled"> {
+  let settled = false;
+  p.then(
+    () => (settled = true),
+    () => (settled = true),
+  );
+  await new Promise((r) => setTimeout(r, ms));
+  return settled ? "settled" : "pending";
+}

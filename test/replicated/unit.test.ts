@@ -1,0 +1,100 @@
+/**
+ * Unit tests of the replicated adapter that need no cluster: options (validation and environment),
+ * the member check, and the one etcd error mapping function.
+ */
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { EtcdAuthenticationFailedError, EtcdPermissionDeniedError, GRPCDeadlineExceededError, GRPCUnavailableError } from "etcd3";
+import type { Context } from "../../storage-adapters/replicated/context.js";
+import { classifyEtcdError, mapEtcdError } from "../../storage-adapters/replicated/etcd-errors.js";
+import { checkMembers } from "../../storage-adapters/replicated/open.js";
+import { resolveOptions } from "../../storage-adapters/replicated/options.js";
+import { captureLogger } from "./helpers.js";
+
+describe("replicated options", () => {
+  it("takes endpoints and credentials from the environment, with defaults", () => {
+    const o = resolveOptions({ dataDir: "/d" }, { CAIRN_ETCD_ENDPOINTS: "http://a:2379, http://b:2379", CAIRN_ETCD_USER: "u", CAIRN_ETCD_PASSWORD: "p" });
+    assert.deepEqual(o.endpoints, ["http://a:2379", "http://b:2379"]);
+    assert.equal(o.username, "u");
+    assert.equal(o.onOutage, "wait");
+    assert.equal(o.backlogLimit, 1000);
+    assert.equal(o.allowSmallCluster, false);
+  });
+
+  it("refuses bad options with a ConfigError naming the option, never echoing a password", () => {
+    const check = (options: object, env: Record<string, string>, pattern: RegExp) =>
+      assert.throws(
+        () => resolveOptions(options as Parameters<typeof resolveOptions>[0], env),
+        (err: unknown) => {
+          assert.equal((err as { code?: string }).code, "config");
+          assert.match((err as Error).message, pattern);
+          assert.ok(!(err as Error).message.includes("hunter2"));
+          return true;
+        },
+      );
+    check({ dataDir: "/d" }, {}, /option "endpoints" is required \(or set CAIRN_ETCD_ENDPOINTS/);
+    check({ dataDir: "/d", endpoints: ["a:2379"] }, {}, /option "endpoints.0"/);
+    check({ dataDir: "/d", endpoints: ["http://a:1"], onOutage: "drop" }, {}, /option "onOutage"/);
+    check({ dataDir: "/d", endpoints: ["http://a:1"], backlogLimit: 0 }, {}, /option "backlogLimit"/);
+    check({ dataDir: "/d", endpoints: ["http://a:1"], password: "hunter2" }, {}, /"username" and "password" go together/);
+    check({ dataDir: "/d", endpoints: ["http://a:1"], bogus: 1 }, {}, /replicated storage option/);
+  });
+});
+
+function fakeContext(
+  members: { name: string; isLearner: boolean }[],
+  allowSmallCluster = false,
+  zones: Record<string, string> = { m1: "eu-1a" },
+): Context & { logger: ReturnType<typeof captureLogger> } {
+  const logger = captureLogger();
+  return {
+    logger,
+    log: logger,
+    opts: resolveOptions({ endpoints: ["http://127.0.0.1:1"], dataDir: "/d", allowSmallCluster, zones }),
+    client: { cluster: { memberList: async () => ({ members: members.map((m) => ({ ...m, ID: m.name, peerURLs: [], clientURLs: [`http://${m.name}:2379`] })) }) } },
+    fail: (err: unknown) => err,
+  } as unknown as Context & { logger: ReturnType<typeof captureLogger> };
+}
+
+describe("member check", () => {
+  it("refuses fewer than three voting members, naming how many (learners do not count)", async () => {
+    await assert.rejects(checkMembers(fakeContext([{ name: "m1", isLearner: false }, { name: "m2", isLearner: false }, { name: "m3", isLearner: true }])), (err: unknown) => {
+      assert.equal((err as { code?: string }).code, "config");
+      assert.match((err as Error).message, /has 2 voting members \(and 1 learner, which do not count\)/);
+      assert.match((err as Error).message, /allowSmallCluster/);
+      return true;
+    });
+  });
+
+  it("accepts a small cluster with allowSmallCluster, and maps members to zones", async () => {
+    const members = await checkMembers(fakeContext([{ name: "m1", isLearner: false }], true));
+    assert.deepEqual(members.map((m) => [m.name, m.zone]), [["m1", "eu-1a"]]);
+  });
+
+  it("warns when voting members share a zone", async () => {
+    const ctx = fakeContext([{ name: "m1", isLearner: false }, { name: "m2", isLearner: false }, { name: "m3", isLearner: false }], false, { m1: "z1", m2: "z1", m3: "z2" });
+    await checkMembers(ctx);
+    assert.ok(ctx.logger.lines.some((l) => l.includes("share a zone")));
+  });
+});
+
+describe("etcd error mapping", () => {
+  const ctx = { op: "open", db: "beta", user: "alice", endpoints: ["http://e:2379"] };
+  it("permission denied names the user, the database and the prefix to grant", () => {
+    const e = mapEtcdError(new EtcdPermissionDeniedError("etcdserver: permission denied"), ctx);
+    assert.equal(e.code, "config");
+    assert.match(e.message, /etcd user "alice" may not open database "beta": its etcd role does not grant readwrite on the key prefix cairn\/db\/beta\//);
+  });
+  it("bad credentials, outages and size limits", () => {
+    assert.equal(mapEtcdError(new EtcdAuthenticationFailedError("x"), ctx).code, "config");
+    const down = mapEtcdError(new GRPCUnavailableError("14 UNAVAILABLE: No connection established"), ctx);
+    assert.equal(down.code, "unavailable");
+    assert.equal(down.retryable, true);
+    assert.equal(classifyEtcdError(new GRPCDeadlineExceededError("deadline")), "outage");
+    assert.equal(classifyEtcdError(Object.assign(new Error("open"), { isBrokenCircuitError: true })), "outage");
+    const big = mapEtcdError(new Error("etcdserver: request is too large"), ctx);
+    assert.equal(big.code, "rejected");
+    assert.equal((big as { reason?: string }).reason, "too_large");
+    assert.equal(mapEtcdError(new Error("something else"), ctx).code, "internal");
+  });
+});
