@@ -165,9 +165,19 @@ function replay(ctx: AdmissionContext, prior: NonNullable<ReturnType<AdmissionCo
 // ---------------------------------------------------------------------------------------------
 // Shape: an array of RFC 6902 ops we accept, with harmless paths.
 
+/**
+ * Operations in one patch at most. One accepted patch is one atomic commit (the patch, one queued
+ * event per new executable cell, maybe an idle observation), and the replicated adapter takes at most
+ * 126 events per commit (etcd's 128 operations per transaction).
+ */
+export const MAX_PATCH_OPS = 100;
+
 function validateShape(patch: unknown): Op[] {
   if (!Array.isArray(patch) || patch.length === 0) {
     refuse("invalid_patch", `the patch must be a non-empty JSON array of RFC 6902 operations starting with {"op":"test","path":"/revision","value":<current revision>}; got ${describeJson(patch, 80)}`);
+  }
+  if (patch.length > MAX_PATCH_OPS) {
+    refuse("invalid_patch", `the patch has ${patch.length} operations; at most ${MAX_PATCH_OPS} are accepted in one step. Split the work over several steps.`);
   }
   if (!isJsonValue(patch)) refuse("invalid_patch", "the patch must be plain JSON (no undefined, NaN, Infinity or values nested deeper than 64 levels)");
   const ops: Op[] = [];

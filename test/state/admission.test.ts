@@ -346,3 +346,18 @@ describe("admit: round identity", () => {
     rejects(run(ctx, "garbage", "s1:t7"), "round_conflict");
   });
 });
+
+describe("patch size", () => {
+  test("refuses more than MAX_PATCH_OPS operations, so one accepted patch always fits one commit", async () => {
+    const { admit, MAX_PATCH_OPS } = await import("../../src/state/admission.js");
+    const { initialState } = await import("../../src/state/schema.js");
+    const state = initialState("s1", "g");
+    const ops = [{ op: "test", path: "/revision", value: 0 }, ...Array.from({ length: MAX_PATCH_OPS }, (_, i) => ({ op: "add", path: "/cells/-", value: { id: i + 1, previous_id: null, kind: "note", text: "n" } }))];
+    const r = admit({ state, executions: new Map(), cellsEver: new Map(), pendingObservations: 0, headSeq: 0, accepted: new Map() }, ops, "s1:t1");
+    assert.equal(r.ok, false);
+    assert.equal(!r.ok && r.code, "invalid_patch");
+    assert.match(!r.ok ? r.reason : "", /at most 100 are accepted in one step/);
+    const fits = admit({ state, executions: new Map(), cellsEver: new Map(), pendingObservations: 0, headSeq: 0, accepted: new Map() }, ops.slice(0, MAX_PATCH_OPS), "s1:t1");
+    assert.equal(fits.ok, true);
+  });
+});
