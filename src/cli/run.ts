@@ -10,6 +10,7 @@ import { createLogger, parseLogLevel, type Logger } from "../observability/logge
 import type { Budgets } from "../state/events.js";
 import { durationSeconds, flag, list, parse, positiveInt, required, splitCommand, str, UsageError, type Parsed } from "./args.js";
 import { EXIT } from "./exit.js";
+import { hasCode } from "../errors.js";
 import type { Io } from "./main.js";
 import { followProgress } from "./progress.js";
 import { chaosFaults } from "./chaos.js";
@@ -150,6 +151,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, begin: (h: Ha
       io.err(`cairn: fenced: another process opened database "${name}"; this one stopped its cells and exits. Do not restart it here unless the other owner is gone.`);
       return EXIT.fenced;
     }
+    if (h.status === "open" && !hasCode(err, "reset")) io.err(`cairn: the run is not over; continue it with \`cairn resume --db ${name}\` once the cause below is fixed.`);
     throw err;
   } finally {
     process.off("SIGINT", onSignal);

@@ -45,6 +45,8 @@ export interface HarnessCore {
   nowIso(): string;
   /** True once the harness is closing, fenced or poisoned: launch nothing more. */
   stopping(): boolean;
+  /** A session's driver stopped on an unexpected error: the run is not over, but it is not moving. */
+  failed(session: string, err: unknown): void;
   /** Resolves after `ms`, or early (false) when the harness stops. */
   sleep(ms: number): Promise<boolean>;
 }

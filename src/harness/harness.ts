@@ -82,6 +82,7 @@ export class Harness {
   private draining = false;
   private drainAgain = false;
   private readonly sleepers = new Set<() => void>();
+  private readonly failureListeners = new Set<(session: string, err: unknown) => void>();
   private readonly core: HarnessCore;
 
   private constructor(
@@ -117,6 +118,9 @@ export class Harness {
       headSeq: () => this.reducer.headSeq,
       nowIso: () => new Date(world.clock.now()).toISOString(),
       stopping: () => this.statusValue !== "open",
+      failed: (session, err) => {
+        for (const f of this.failureListeners) f(session, err);
+      },
       sleep: (ms) => this.sleep(ms),
     };
   }
@@ -300,9 +304,14 @@ export class Harness {
       };
       const unfollow = this.follow(() => void check());
       const unstop = this.onStop(() => void check());
+      const onFail = (s: string) => {
+        if (s === session) check();
+      };
+      this.failureListeners.add(onFail);
       const cleanup = () => {
         unfollow();
         unstop();
+        this.failureListeners.delete(onFail);
       };
       check();
     });

@@ -18,6 +18,25 @@ import type { HarnessCore } from "./core.js";
 import { runValidator } from "./validators.js";
 import type { ExecutionOutcome } from "./world.js";
 
+/** Output is recorded in events of at most this many UTF-16 units, this many per commit. */
+const OUTPUT_EVENT_CHARS = 16_384;
+const OUTPUT_EVENTS_PER_COMMIT = 8;
+
+/** Splits text into pieces of at most `max` units without cutting a surrogate pair. */
+export function splitText(text: string, max: number): string[] {
+  if (text.length <= max) return text.length === 0 ? [] : [text];
+  const out: string[] = [];
+  let i = 0;
+  while (i < text.length) {
+    let end = Math.min(text.length, i + max);
+    const last = text.charCodeAt(end - 1);
+    if (end < text.length && last >= 0xd800 && last <= 0xdbff) end -= 1;
+    out.push(text.slice(i, end));
+    i = end;
+  }
+  return out;
+}
+
 /** A cell running in this process. */
 interface Running {
   readonly cellId: number;
@@ -94,6 +113,7 @@ export class SessionDriver {
   }
 
   private async drive(): Promise<void> {
+    this.lastError = null;
     try {
       for (let pass = 0; pass < 10_000 && !this.core.stopping(); pass++) {
         this.again = false;
@@ -111,7 +131,10 @@ export class SessionDriver {
       }
     } catch (err) {
       this.lastError = err;
-      if (!this.core.stopping()) this.core.logger.error({ session: this.id, err }, "session driver stopped on an error");
+      if (!this.core.stopping()) {
+        this.core.logger.error({ session: this.id, err }, "session driver stopped on an error");
+        this.core.failed(this.id, err);
+      }
     }
   }
 
@@ -367,9 +390,16 @@ export class SessionDriver {
       outputLimitBytes: this.core.limits.executionOutputLimitBytes,
       flushIntervalMs: this.core.limits.outputFlushMs,
       onOutput: async (chunks) => {
-        const at = this.core.nowIso();
-        const events = chunks.map((c) => event("execution_output", this.id, identity.output(this.id, cell.id, chunk++), at, { cell_id: cell.id, n: chunk - 1, stream: c.stream, data: c.data }));
-        if (events.length > 0 && !this.core.stopping()) await this.core.commit(events);
+        // Small events in small commits: every adapter takes them (etcd: 1 MiB, 126 events per commit).
+        const pieces = chunks.flatMap((c) => splitText(c.data, OUTPUT_EVENT_CHARS).map((data) => ({ stream: c.stream, data })));
+        for (let i = 0; i < pieces.length && !this.core.stopping(); i += OUTPUT_EVENTS_PER_COMMIT) {
+          const at = this.core.nowIso();
+          const events = pieces.slice(i, i + OUTPUT_EVENTS_PER_COMMIT).map((c) => {
+            const n = chunk++;
+            return event("execution_output", this.id, identity.output(this.id, cell.id, n), at, { cell_id: cell.id, n, stream: c.stream, data: c.data });
+          });
+          await this.core.commit(events);
+        }
       },
     });
     if (prepared.kind === "unlaunchable") {
@@ -478,37 +508,56 @@ export class SessionDriver {
         }
         const last = t.rejections[t.rejections.length - 1];
         await this.core.commit([event("model_attempt", this.id, identity.attempt(turn, attempt), this.core.nowIso(), { turn, attempt })]);
+        let reply: { patch: unknown; usage: { input_tokens: number; output_tokens: number } | null };
         try {
-          const reply = await this.core.model.step({
+          reply = await this.core.model.step({
             state: this.s.state,
             turn,
             attempt,
             ...(last !== undefined ? { rejection: { code: last.code, reason: last.reason, patch: last.patch ?? null } } : {}),
             signal: this.abort.signal,
           });
-          this.core.metrics?.modelAttempt("ok");
-          if (reply.usage) this.core.metrics?.tokens(reply.usage.input_tokens, reply.usage.output_tokens);
-          await this.core.commit([event("model_response", this.id, identity.response(turn, attempt), this.core.nowIso(), { turn, attempt, patch: toJson(reply.patch), usage: reply.usage })]);
-          await this.core.faults?.("model:response-committed", { session: this.id, turn });
-          patch = reply.patch;
+          if (reply === null || typeof reply !== "object") throw new TypeError(`the model returned ${String(reply)} instead of {patch, usage}`);
         } catch (err) {
           if (this.core.stopping()) return;
-          if (!hasCode(err, "model")) throw err;
+          // A ModelError says whether to retry; anything else (a provider bug) is retried within the
+          // attempt budget, and recorded like any failed attempt.
           const me = err as Error & { retryable?: boolean; usage?: { input_tokens: number; output_tokens: number } | null };
-          const retryable = me.retryable === true;
+          const retryable = hasCode(err, "model") ? me.retryable === true : true;
+          const message = err instanceof Error ? err.message : String(err);
           this.core.metrics?.modelAttempt("error");
           await this.core.commit([
-            event("model_attempt_failed", this.id, identity.attemptFailed(turn, attempt), this.core.nowIso(), { turn, attempt, error: me.message, retryable, usage: me.usage ?? null }),
+            event("model_attempt_failed", this.id, identity.attemptFailed(turn, attempt), this.core.nowIso(), { turn, attempt, error: message, retryable, usage: hasCode(err, "model") ? (me.usage ?? null) : null }),
           ]);
-          this.core.logger.warn({ session: this.id, turn, attempt, retryable, err: me.message }, "model attempt failed");
+          this.core.logger.warn({ session: this.id, turn, attempt, retryable, err: message }, "model attempt failed");
           if (!retryable) {
-            await this.endRun("failure", `the model call failed and cannot be retried: ${me.message}`);
+            await this.endRun("failure", `the model call failed and cannot be retried: ${message}`);
             return;
           }
           this.core.metrics?.modelRetry();
           await this.core.sleep(this.core.limits.retryBaseMs * 2 ** (attempt - 1));
           continue;
         }
+        this.core.metrics?.modelAttempt("ok");
+        if (reply.usage) this.core.metrics?.tokens(reply.usage.input_tokens, reply.usage.output_tokens);
+        try {
+          await this.core.commit([event("model_response", this.id, identity.response(turn, attempt), this.core.nowIso(), { turn, attempt, patch: toJson(reply.patch), usage: reply.usage ?? null })]);
+        } catch (err) {
+          if (!(hasCode(err, "rejected") && (err as { reason?: string }).reason === "too_large")) throw err;
+          // Too large to record durably: refuse it like an inadmissible patch, and say why.
+          const bytes = JSON.stringify(reply.patch ?? null).length;
+          await this.core.commit([
+            event("patch_rejected", this.id, identity.rejected(turn, attempt), this.core.nowIso(), {
+              turn,
+              attempt,
+              code: "too_large",
+              reason: `the patch is too large to record (${bytes} bytes of JSON): keep each step well under 512 KiB, e.g. split a large script or write big files from several cells`,
+            }),
+          ]);
+          continue;
+        }
+        await this.core.faults?.("model:response-committed", { session: this.id, turn });
+        patch = reply.patch;
       }
       const done = await this.admitPatch(turn, attempt, patch);
       if (done) {

@@ -190,3 +190,64 @@ describe("Harness on the memory adapter", () => {
     }
   });
 });
+
+describe("harness edges", () => {
+  it("records a burst of output in small events, truncation marked, and the run goes on", async () => {
+    const { splitText } = await import("../../src/harness/session.js");
+    assert.deepEqual(splitText("abcdef", 4), ["abcd", "ef"]);
+    assert.deepEqual(splitText("ab\u{1F600}cd", 3), ["ab", "\u{1F600}c", "d"], "never cuts a surrogate pair");
+    assert.deepEqual(splitText("", 4), []);
+    const t = tempDir();
+    try {
+      const model = scripted([adds(0, 1, [cmd("python3", "-c", "import sys; sys.stdout.write('y' * 300000)")]), adds(1, 2, [conclude("failure", "end")])]);
+      const h = await Harness.open({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: { ...fast, executionOutputLimitBytes: 200_000 } });
+      const sizes: number[] = [];
+      h.follow((events) => {
+        const outs = events.filter((e) => e.kind === "execution_output");
+        if (outs.length > 0) assert.ok(outs.length <= 8, "at most 8 output events per commit");
+        for (const e of outs) sizes.push((e.body as { data: string }).data.length);
+      });
+      try {
+        const s = await h.wait(await h.start({ goal: "g", cwd: t.dir }));
+        assert.equal(s.result, "failure");
+        assert.ok(sizes.length >= 13, `200 KB in events of at most 16 KiB: ${sizes.length}`);
+        assert.ok(sizes.every((n) => n <= 16_384));
+        const ex = h.session("s1")!.executions.get(1)!;
+        assert.equal(ex.dropped_bytes, 100_000);
+        assert.match(ex.output_tail, /output truncated after 200000 bytes; 100000 bytes dropped/);
+      } finally {
+        await h.close();
+      }
+    } finally {
+      t.cleanup();
+    }
+  });
+
+  it("a model that throws a plain error or returns nothing is retried within the attempt budget, each attempt recorded", async () => {
+    const t = tempDir();
+    try {
+      let calls = 0;
+      const model = {
+        name: "buggy",
+        async step(req: { state: { revision: number } }) {
+          calls++;
+          if (calls === 1) throw new TypeError("provider bug");
+          if (calls === 2) return undefined as never;
+          return { patch: adds(req.state.revision, 1, [conclude("failure", "third time")]), usage: null };
+        },
+      };
+      const h = await Harness.open({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast });
+      try {
+        const out = await h.wait(await h.start({ goal: "g", cwd: t.dir }));
+        assert.match(out.reason, /third time/);
+        const u = h.session("s1")!.state.runtime.usage;
+        assert.equal(u.attempts, 3);
+        assert.equal(u.unknown_usage_attempts, 3, "no usage was reported for any attempt");
+      } finally {
+        await h.close();
+      }
+    } finally {
+      t.cleanup();
+    }
+  });
+});
