@@ -10,7 +10,7 @@
  * truth from the log.
  */
 import { randomUUID } from "node:crypto";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { performance } from "node:perf_hooks";
@@ -68,6 +68,33 @@ export interface RunOutcome {
 }
 
 export type HarnessStatus = "open" | "fenced" | "poisoned" | "closed";
+
+/**
+ * Where this harness's timer socket lives: `<workDir>/sockets/<db>-<pid>-<random>.sock`, or the OS temp dir
+ * when that path is too long for a Unix socket. Sockets left by dead processes are removed.
+ */
+function timerSocketPath(workDir: string, name: string): string {
+  let dir = join(workDir, "sockets");
+  const file = `${name}-${process.pid}-${randomUUID().slice(0, 6)}.sock`;
+  if (join(dir, file).length > 100) dir = join(tmpdir(), "cairn-sockets");
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  for (const f of readdirSync(dir)) {
+    const m = /^(.+)-(\d+)-[0-9a-f]{6}\.sock$/.exec(f);
+    if (m === null || m[1] !== name) continue;
+    if (!pidAlive(Number(m[2]))) rmSync(join(dir, f), { force: true });
+  }
+  const path = join(dir, file);
+  return path.length > 100 ? join(tmpdir(), `cairn-timer-${process.pid}-${randomUUID().slice(0, 8)}.sock`) : path;
+}
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
 
 export class Harness {
   private readonly reducer = new Reducer();
@@ -140,7 +167,7 @@ export class Harness {
     try {
       await h.load();
       h.unwatch = db.watch((signal) => h.onSignal(signal));
-      h.timerServer = await startTimerServer(join(tmpdir(), `cairn-timer-${process.pid}-${randomUUID().slice(0, 8)}.sock`), (req) => h.registerTimer(req));
+      h.timerServer = await startTimerServer(timerSocketPath(workDir, options.name), (req) => h.registerTimer(req));
     } catch (err) {
       await db.close().catch(() => undefined);
       throw err;
