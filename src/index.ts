@@ -1,7 +1,7 @@
 /**
  * Cairn's public API: the Harness, the Storage contract and its errors, the Model contract, the State
- * schema and the event vocabulary. Adapters are imported from `cairn/storage-adapters/*` paths in the
- * build output; the CLI wires them.
+ * schema and the event vocabulary. Adapters are their own entry points:
+ * `cairn/storage-adapters/memory`, `cairn/storage-adapters/sqlite`, `cairn/storage-adapters/replicated`.
  */
 export { VERSION } from "./version.js";
 export { Harness, type HarnessOpenOptions, type StartOptions, type RunOutcome, type HarnessStatus } from "./harness/harness.js";
