@@ -219,7 +219,7 @@ describe("timers", () => {
       const cli = join(process.cwd(), "src", "cli", "entry.ts");
       const model = modelOf((req) => {
         const r = req.state.revision;
-        if (r === 0) return adds(0, 1, [cmd(process.execPath, "--import", "tsx", cli, "timer", "--id", "later", "--in", "2s")]);
+        if (r === 0) return adds(0, 1, [cmd(process.execPath, "--import", "tsx", cli, "timer", "--id", "later", "--in", "4s")]);
         if (r === 1) return adds(1, 2, [note("waiting for the timer")]);
         return adds(r, req.state.runtime.next_cell_id, [conclude("failure", `woke with ${req.state.runtime.inbox.map((o) => o.id).join(",")}`)]);
       });
@@ -228,7 +228,7 @@ describe("timers", () => {
       for (let i = 0; i < 400 && h.session(s)!.state.revision < 2; i++) await new Promise((r) => setTimeout(r, 25));
       assert.equal(h.session(s)!.timers.get("later")?.fired, false);
       await h.close();
-      await new Promise((r) => setTimeout(r, 2500)); // the timer falls due while nobody owns the run
+      await new Promise((r) => setTimeout(r, 4500)); // the timer falls due while nobody owns the run
       h = await Harness.open({ storage: createSqliteStorage({ dataDir: t.dir }), name: "t", model, workDir: t.dir, limits: fast });
       try {
         await h.resume();
