@@ -28,6 +28,11 @@ export function parse(command: string, argv: readonly string[], options: Options
     const msg = err instanceof Error ? err.message : String(err);
     const unknown = /Unknown option '([^']+)'/.exec(msg);
     if (unknown) throw new UsageError(`cairn ${command}: unknown flag ${unknown[1]}; see \`cairn ${command} --help\`.`);
+    const ambiguous = /Option '([^']+)' argument is ambiguous/.exec(msg);
+    if (ambiguous) {
+      const flagName = ambiguous[1]!.replace(/^-\w, /, "");
+      throw new UsageError(`cairn ${command}: the value of ${flagName} starts with a dash; write it as ${flagName}=VALUE (for example ${flagName}=-1).`);
+    }
     const missing = /Option '([^']+)' argument missing/.exec(msg);
     if (missing) throw new UsageError(`cairn ${command}: ${missing[1]!.replace(/^-\w, /, "")} needs a value.`);
     throw new UsageError(`cairn ${command}: ${msg.replace(/\. To specify.*$/s, "")}.`);
@@ -68,7 +73,9 @@ export function durationSeconds(command: string, name: string, v: string): numbe
   const m = /^(\d+(?:\.\d+)?)(s|m|h|d)?$/.exec(v.trim());
   if (!m) throw new UsageError(`cairn ${command}: --${name} expects a duration such as 90s, 15m, 2h or 1d, got "${v}".`);
   const mult = { s: 1, m: 60, h: 3600, d: 86400 }[(m[2] ?? "s") as "s" | "m" | "h" | "d"];
-  return Number(m[1]) * mult;
+  const seconds = Number(m[1]) * mult;
+  if (!(seconds > 0)) throw new UsageError(`cairn ${command}: --${name} must be longer than zero, got "${v}".`);
+  return seconds;
 }
 
 /**

@@ -34,7 +34,7 @@ export async function postCommand(argv: readonly string[], io: Io): Promise<numb
   } catch {
     throw new UsageError(`cairn post: --payload is not valid JSON: ${raw.length > 80 ? `${raw.slice(0, 77)}...` : raw}`);
   }
-  const obs = OutsideObservation.safeParse({ id, kind, payload });
+  const obs = safeParseDeep(() => OutsideObservation.safeParse({ id, kind, payload }));
   if (!obs.success) throw new UsageError(`cairn post: ${obs.error.issues.map((i) => `--${i.path.join(".")}: ${i.message}`).join("; ")}`);
   const choice = await chooseStorage(p, "post", io.env);
   try {
@@ -66,5 +66,15 @@ export async function postCommand(argv: readonly string[], io: Io): Promise<numb
     return EXIT.ok;
   } finally {
     await choice.storage.close().catch(() => undefined);
+  }
+}
+
+/** zod recurses through the payload: a pathologically deep one is bad input, not an internal error. */
+function safeParseDeep<T>(parse: () => T): T {
+  try {
+    return parse();
+  } catch (err) {
+    if (err instanceof RangeError) throw new UsageError("cairn post: --payload is nested too deeply; keep it under a few hundred levels.");
+    throw err;
   }
 }

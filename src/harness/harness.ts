@@ -109,6 +109,9 @@ export class Harness {
   private draining = false;
   private drainAgain = false;
   private readonly sleepers = new Set<() => void>();
+  private sessionsAllocated = 0;
+  private closing: Promise<void> | null = null;
+  private resuming: Promise<{ sessions: string[]; recovered: number }> | null = null;
   private readonly failureListeners = new Set<(session: string, err: unknown) => void>();
   private readonly core: HarnessCore;
 
@@ -214,7 +217,9 @@ export class Harness {
   async start(options: StartOptions): Promise<string> {
     this.assertOpen();
     if (options.goal.trim() === "") throw new ConfigError("the goal is empty; say what the agent should achieve.");
-    const id = `s${this.reducer.projection().order.length + 1}`;
+    // Allocated synchronously: concurrent start() calls never pick the same id.
+    const id = `s${Math.max(this.reducer.projection().order.length, this.sessionsAllocated) + 1}`;
+    this.sessionsAllocated = Number(id.slice(1));
     await this.commit([
       event("session_created", id, identity.session(id), this.core.nowIso(), {
         goal: options.goal,
@@ -233,8 +238,17 @@ export class Harness {
    * UnknownExecution, after its surviving process group is stopped; nothing is re-run), then each
    * session is scheduled. Idempotent: a second call recovers nothing new and schedules nothing twice.
    */
-  async resume(): Promise<{ sessions: string[]; recovered: number }> {
+  resume(): Promise<{ sessions: string[]; recovered: number }> {
     this.assertOpen();
+    if (this.resuming === null) {
+      this.resuming = this.resumeOnce().finally(() => {
+        this.resuming = null;
+      });
+    }
+    return this.resuming;
+  }
+
+  private async resumeOnce(): Promise<{ sessions: string[]; recovered: number }> {
     const unfinished = this.reducer.projection().order.filter((id) => this.reducer.session(id)!.terminal === null);
     let recovered = 0;
     for (const id of unfinished) recovered += await this.driver(id).recover();
@@ -252,7 +266,13 @@ export class Harness {
    */
   async post(session: string, observation: OutsideObservation): Promise<{ duplicate: boolean }> {
     this.assertOpen();
-    const parsed = OutsideObservation.safeParse(observation);
+    let parsed: ReturnType<typeof OutsideObservation.safeParse>;
+    try {
+      parsed = OutsideObservation.safeParse(observation);
+    } catch (err) {
+      if (err instanceof RangeError) throw new ConfigError("bad observation: the payload is nested too deeply.");
+      throw err;
+    }
     if (!parsed.success) throw new ConfigError(`bad observation: ${parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ")}`);
     const s = this.reducer.session(session);
     if (s === undefined) throw new ConfigError(`session "${session}" does not exist in database "${this.name}".`);
@@ -264,7 +284,15 @@ export class Harness {
     if (check.duplicate) return { duplicate: true };
     const at = this.core.nowIso();
     const obs = outsideToObservation(parsed.data, at);
-    await this.commit([event("inbox_received", session, identity.inbox(session, obs.id), at, { observation: obs })]);
+    try {
+      await this.commit([event("inbox_received", session, identity.inbox(session, obs.id), at, { observation: obs })]);
+    } catch (err) {
+      // A concurrent post of the same id won the race: judge this one against what was committed.
+      if (!(err instanceof StorageRejected && err.reason === "duplicate_identity")) throw err;
+      const again = checkOutsideObservation(this.reducer.session(session)!, parsed.data, Number.MAX_SAFE_INTEGER);
+      if (again.ok) return { duplicate: true };
+      throw new StorageRejected(again.reason === "conflict" ? "conflict" : "invalid", again.message);
+    }
     return { duplicate: false };
   }
 
@@ -354,8 +382,12 @@ export class Harness {
    * executions stay `started` in the log (the next owner records them as UnknownExecution); the
    * database handle is released. Idempotent.
    */
-  async close(): Promise<void> {
-    if (this.statusValue === "closed") return;
+  close(): Promise<void> {
+    if (this.closing === null) this.closing = this.closeOnce();
+    return this.closing;
+  }
+
+  private async closeOnce(): Promise<void> {
     const wasOpen = this.statusValue === "open";
     this.statusValue = "closed";
     await this.shutdown("shutdown");
@@ -507,23 +539,36 @@ export class Harness {
         if (this.statusValue !== "open") return;
         const messages = await this.db.drain();
         let ackTo = 0;
+        let leftBehind = false;
+        const full = new Set<string>();
         for (const m of messages) {
+          if (full.has(m.session)) {
+            leftBehind = true;
+            continue;
+          }
           const s = this.reducer.session(m.session);
           const parsed = OutsideObservation.safeParse({ id: m.id, kind: m.kind, payload: m.payload });
           if (s === undefined || !parsed.success) {
             this.logger.warn({ session: m.session, id: m.id }, "dropped a mailbox message for an unknown session or with a bad shape");
-            ackTo = m.mseq;
+            if (!leftBehind) ackTo = m.mseq;
             continue;
           }
           const check = checkOutsideObservation(s, parsed.data, this.core.limits.inboxLimit);
-          if (!check.ok && check.reason === "inbox_full") break; // leave it (and later ones) in the mailbox
+          if (!check.ok && check.reason === "inbox_full") {
+            // Leave it in the mailbox until that inbox drains; other sessions' messages go on. Only
+            // messages before the first one left behind can be acknowledged; later ones are
+            // delivered now and again after, which their identities make a no-op.
+            full.add(m.session);
+            leftBehind = true;
+            continue;
+          }
           if (check.ok && !check.duplicate) {
             const obs = outsideToObservation(parsed.data, m.at);
             await this.commit([event("inbox_received", m.session, identity.inbox(m.session, obs.id), this.core.nowIso(), { observation: obs })]);
           } else if (!check.ok) {
             this.logger.warn({ session: m.session, id: m.id, reason: check.reason }, `refused a mailbox message: ${check.message}`);
           }
-          ackTo = m.mseq;
+          if (!leftBehind) ackTo = m.mseq;
         }
         if (ackTo > 0) await this.db.ack(ackTo);
       } while (this.drainAgain);

@@ -14,9 +14,13 @@ import { isUnresolvedUnknown } from "../state/projection.js";
 import type { Cell, NoteCell, Observation } from "../state/schema.js";
 import { isExecutable } from "../state/schema.js";
 import { hasCode } from "../errors.js";
+import { join } from "node:path";
 import type { HarnessCore } from "./core.js";
 import { runValidator } from "./validators.js";
 import type { ExecutionOutcome } from "./world.js";
+
+/** setTimeout's longest delay; longer waits are re-armed in chunks. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /** Output is recorded in events of at most this many UTF-16 units, this many per commit. */
 const OUTPUT_EVENT_CHARS = 16_384;
@@ -54,6 +58,8 @@ export class SessionDriver {
   private readonly abort = new AbortController();
   private idleWaiters: (() => void)[] = [];
   private lastError: unknown = null;
+  private ending = false;
+  private recovering: Promise<number> | null = null;
 
   constructor(
     private readonly core: HarnessCore,
@@ -154,10 +160,17 @@ export class SessionDriver {
       const elapsed = (this.core.world.clock.now() - Date.parse(s.created_at)) / 1000;
       if (elapsed >= b.max_wall_seconds) reason = `the wall-time budget of ${b.max_wall_seconds} s is exhausted`;
       else if (this.budgetTimer === null) {
+        // The driver may be blocked in a model call or a validator: the timer ends the run itself.
+        const left = Math.ceil((b.max_wall_seconds - elapsed) * 1000) + 10;
         this.budgetTimer = setTimeout(() => {
           this.budgetTimer = null;
-          this.wake();
-        }, Math.ceil((b.max_wall_seconds - elapsed) * 1000) + 10);
+          if (this.core.stopping()) return;
+          const now = (this.core.world.clock.now() - Date.parse(this.s.created_at)) / 1000;
+          if (now < b.max_wall_seconds!) return this.wake(); // re-armed in chunks past setTimeout's range
+          void this.endRun("failure", `the wall-time budget of ${b.max_wall_seconds} s is exhausted`)
+            .then(() => this.abort.abort())
+            .catch((err) => this.core.logger.error({ session: this.id, err }, "could not end the run at its wall-time budget"));
+        }, Math.min(left, MAX_TIMER_MS));
       }
     }
     if (reason === null) return false;
@@ -166,8 +179,16 @@ export class SessionDriver {
   }
 
   private async endRun(result: "success" | "failure", reason: string, extra: NewEvent[] = []): Promise<void> {
+    // Once: the budget timer and the driver may both decide to end the run.
+    if (this.ending || this.s.terminal !== null) return;
+    this.ending = true;
     const at = this.core.nowIso();
-    await this.core.commit([...extra, event("run_ended", this.id, identity.terminal(this.id), at, { result, reason })]);
+    try {
+      await this.core.commit([...extra, event("run_ended", this.id, identity.terminal(this.id), at, { result, reason })]);
+    } catch (err) {
+      this.ending = false;
+      throw err;
+    }
     this.core.logger.info({ session: this.id, result, reason }, "run ended");
     // A finished run launches nothing more: stop what still runs.
     if (this.running !== null) await this.running.stop("shutdown").catch(() => undefined);
@@ -277,6 +298,12 @@ export class SessionDriver {
       r.cancelled = true;
       await r.stop("cancelled");
       await this.settledRun();
+      const after = this.s.executions.get(target);
+      if (after !== undefined && after.phase === "finished" && after.result !== "UnknownExecution") {
+        // It exited on its own before the stop reached it, and its result was recorded.
+        await this.control(note, "already_finished", `cell ${target} finished (${after.result}) before the cancellation reached it`, true);
+        return;
+      }
       await this.control(note, "stopped", `cell ${target} was running; its process group was stopped, and what it did is unknown`, true);
       return;
     }
@@ -304,7 +331,8 @@ export class SessionDriver {
     const done = s.validators_run.get(note.id) ?? [];
     for (let i = done.length; i < s.validators.length; i++) {
       const argv = [...s.validators[i]!];
-      const r = await runValidator(argv, s.cwd, this.core.limits.validatorWallTimeMs);
+      const r = await runValidator(this.core.world.executor, argv, s.cwd, this.core.limits.validatorWallTimeMs, join(this.core.scriptDir, "validators"));
+      if (this.core.stopping() || this.s.terminal !== null) return;
       await this.core.commit([
         event("validator_result", this.id, identity.validator(this.id, note.id, i), this.core.nowIso(), {
           note_id: note.id,
@@ -322,6 +350,12 @@ export class SessionDriver {
     if (failed.length > 0) {
       const what = failed.map((r) => `validator \`${r.argv.join(" ")}\` failed (exit ${r.exit_code ?? "none"}): ${r.output.slice(-1500)}`).join("\n");
       await this.control(note, "refused", `success refused: ${what}`, true);
+      return;
+    }
+    // Something may have arrived while the validators ran: the conditions must still hold now.
+    const late = this.successBlockers();
+    if (late.length > 0) {
+      await this.control(note, "refused", `success refused: ${late.join("; ")} (arrived while the validators ran)`, true);
       return;
     }
     await this.endRun("success", `the model concluded success: ${note.text}`, [
@@ -417,6 +451,12 @@ export class SessionDriver {
       throw err;
     }
     await this.core.faults?.("execution:started-committed", { session: this.id, cell: cell.id });
+    if (this.core.stopping() || this.s.terminal !== null) {
+      // Closing, fenced or ended while the launch was being authorized: the code never runs. The
+      // execution stays `started`; the next owner records it as UnknownExecution.
+      await prepared.abort();
+      return;
+    }
     const authorized = this.core.world.clock.now();
     const running: Running = { cellId: cell.id, stop: (reason) => prepared.stop(reason), cancelled: false };
     this.running = running;
@@ -519,7 +559,7 @@ export class SessionDriver {
           });
           if (reply === null || typeof reply !== "object") throw new TypeError(`the model returned ${String(reply)} instead of {patch, usage}`);
         } catch (err) {
-          if (this.core.stopping()) return;
+          if (this.core.stopping() || this.s.terminal !== null) return;
           // A ModelError says whether to retry; anything else (a provider bug) is retried within the
           // attempt budget, and recorded like any failed attempt.
           const me = err as Error & { retryable?: boolean; usage?: { input_tokens: number; output_tokens: number } | null };
@@ -636,11 +676,21 @@ export class SessionDriver {
    * Turns every `started` execution without a result into UnknownExecution, after stopping a
    * surviving child (same host, pid AND start time). Never re-runs anything.
    */
-  async recover(): Promise<number> {
+  recover(): Promise<number> {
+    if (this.recovering === null) {
+      this.recovering = this.recoverOnce().finally(() => {
+        this.recovering = null;
+      });
+    }
+    return this.recovering;
+  }
+
+  private async recoverOnce(): Promise<number> {
     let n = 0;
     for (const ex of [...this.s.executions.values()]) {
       if (ex.phase !== "started" || ex.started === null) continue;
       if (this.running !== null && this.running.cellId === ex.cell_id) continue;
+      if (this.launching) continue; // this driver's own launch, being authorized right now
       let stopped: { worker_stopped: boolean; detail: string };
       if (ex.started.host !== this.core.world.host) {
         stopped = { worker_stopped: false, detail: `the cell ran on host ${ex.started.host}; this is ${this.core.world.host}, so its process could not be checked or stopped from here` };

@@ -25,7 +25,10 @@ export type TimerReply = { ok: true; timer_id: string; due_at: string } | { ok: 
 /** Starts the server; `register` commits and resolves with the reply. */
 export async function startTimerServer(path: string, register: (req: TimerRequest) => Promise<TimerReply>): Promise<{ path: string; close(): Promise<void> }> {
   rmSync(path, { force: true });
+  const sockets = new Set<Socket>();
   const server: Server = createServer((socket: Socket) => {
+    sockets.add(socket);
+    socket.on("close", () => sockets.delete(socket));
     let buf = "";
     socket.setEncoding("utf8");
     socket.on("data", (d: string) => {
@@ -69,6 +72,8 @@ export async function startTimerServer(path: string, register: (req: TimerReques
     path,
     close: () =>
       new Promise<void>((resolve) => {
+        // A client that holds its connection open must not hold up shutdown.
+        for (const socket of sockets) socket.destroy();
         server.close(() => {
           rmSync(path, { force: true });
           resolve();

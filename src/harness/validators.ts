@@ -1,8 +1,10 @@
 /**
  * Validators: commands the harness runs before it accepts a `success` conclusion. Each is an argv run
- * in the session's working directory, never through a shell; exit 0 passes.
+ * in the session's working directory, never through a shell; exit 0 passes. They run through the
+ * executor, in their own process group, so the wall-time limit stops the whole group (a validator's
+ * grandchildren included) and output is bounded.
  */
-import { execa } from "execa";
+import type { LaunchSpec, Prepared } from "./world.js";
 
 export interface ValidatorRun {
   readonly exit_code: number | null;
@@ -13,13 +15,31 @@ export interface ValidatorRun {
 
 const OUTPUT_LIMIT = 8000;
 
-/** Runs one validator to completion (or its wall-time limit). Never throws for the command's failure. */
-export async function runValidator(argv: readonly string[], cwd: string, wallTimeMs: number): Promise<ValidatorRun> {
-  const [file, ...args] = argv;
-  if (file === undefined) return { exit_code: null, passed: false, output: "empty validator command" };
-  const r = await execa(file, args, { cwd, all: true, reject: false, timeout: wallTimeMs, stdin: "ignore", maxBuffer: 4 * 1024 * 1024 });
-  let output = typeof r.all === "string" ? r.all : "";
-  if (r.failed && r.exitCode === undefined) output = `${output}\n${r.shortMessage}`.trim();
-  if (r.timedOut) output = `${output}\n[cairn: validator stopped after ${Math.round(wallTimeMs / 1000)} s]`.trim();
-  return { exit_code: r.exitCode ?? null, passed: r.exitCode === 0 && !r.timedOut, output: output.slice(-OUTPUT_LIMIT) };
+/** Runs one validator to completion or its wall-time limit. Never throws for the command's failure. */
+export async function runValidator(
+  executor: { prepare(spec: LaunchSpec): Promise<Prepared> },
+  argv: readonly string[],
+  cwd: string,
+  wallTimeMs: number,
+  scriptDir: string,
+): Promise<ValidatorRun> {
+  let output = "";
+  const prepared = await executor.prepare({
+    cellId: 0,
+    cell: { kind: "cmd", argv: [...argv] },
+    cwd,
+    scriptDir,
+    wallTimeMs,
+    outputLimitBytes: 256 * 1024,
+    onOutput: async (chunks) => {
+      for (const c of chunks) output = (output + c.data).slice(-OUTPUT_LIMIT);
+    },
+  });
+  if (prepared.kind === "unlaunchable") {
+    return { exit_code: null, passed: false, output: prepared.outcome.detail ?? "the validator could not be started" };
+  }
+  prepared.release();
+  const outcome = await prepared.done;
+  if (outcome.detail) output = `${output}\n[cairn: ${outcome.detail}]`.trim().slice(-OUTPUT_LIMIT);
+  return { exit_code: outcome.exit_code, passed: outcome.result === "success", output };
 }

@@ -1,0 +1,148 @@
+/**
+ * Review: validators that hang, the storage mailbox under a full inbox, and timer registrations that
+ * race.
+ */
+import { describe, it } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { connect } from "node:net";
+import { Harness } from "../../src/harness/harness.js";
+import { createExecutor } from "../../src/exec/executor.js";
+import { runValidator } from "../../src/harness/validators.js";
+import type { Model, ModelRequest } from "../../src/model/contract.js";
+import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
+import { adds, cmd, conclude, note, scripted, tempDir } from "../harness/support.js";
+
+const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function until(cond: () => boolean, what: string, ms = 10_000): Promise<void> {
+  for (let waited = 0; !cond(); waited += 20) {
+    if (waited > ms) throw new Error(`timed out waiting for ${what}`);
+    await sleep(20);
+  }
+}
+
+function processesMatching(pattern: string): string[] {
+  try {
+    return execFileSync("pgrep", ["-f", pattern], { encoding: "utf8" }).trim().split("\n").filter((l) => l !== "");
+  } catch {
+    return [];
+  }
+}
+
+describe("review: validators", () => {
+  it("a validator's wall-time limit bounds it even when its child keeps running, and the child is stopped", async () => {
+    const t = tempDir();
+    const tag = `sleep 19.${process.pid}`;
+    try {
+      // `sh` is killed at the limit; its child `sleep` keeps stdout open and is not in any group we stop.
+      const run = runValidator(createExecutor({ killGraceMs: 200 }), ["sh", "-c", `${tag}; exit 0`], t.dir, 500, t.dir);
+      const r = await Promise.race([run, sleep(8000).then(() => null)]);
+      assert.ok(r !== null, "8 s after a 0.5 s validator limit the validator had not returned: a success conclusion waits on it");
+      assert.equal(r.passed, false);
+      await sleep(300);
+      assert.deepEqual(processesMatching(tag), [], "the validator's child outlived the validator");
+    } finally {
+      for (const pid of processesMatching(tag)) {
+        try {
+          process.kill(Number(pid), "SIGKILL");
+        } catch {
+          // gone
+        }
+      }
+      t.cleanup();
+    }
+  });
+});
+
+describe("review: the storage mailbox", () => {
+  it("a full inbox in one session does not hold back mailbox messages for another session", async () => {
+    const t = tempDir();
+    const storage = createMemoryStorage();
+    // s1's model call hangs (so s1's inbox is never read); s2 runs a long cell and waits.
+    const model: Model = {
+      name: "two",
+      step: (req: ModelRequest) =>
+        req.state.id === "s1"
+          ? new Promise((_r, reject) => req.signal?.addEventListener("abort", () => reject(new Error("aborted"))))
+          : Promise.resolve({ patch: req.state.revision === 0 ? adds(0, 1, [cmd("sleep", "20")]) : adds(req.state.revision, req.state.runtime.next_cell_id, [note("ok")]), usage: null }),
+    };
+    const h = await Harness.open({ storage, name: "mb", model, workDir: t.dir, limits: { ...fast, inboxLimit: 1 } });
+    try {
+      const s1 = await h.start({ goal: "one", cwd: t.dir });
+      const s2 = await h.start({ goal: "two", cwd: t.dir });
+      await until(() => h.session(s1)!.open_turn !== null && h.session(s2)!.executions.get(1)?.phase === "started", "both sessions to be busy");
+      await h.post(s1, { id: "fill", kind: "k", payload: 1 }); // s1's inbox is now full (limit 1)
+      await storage.post("mb", { id: "for-s1", session: s1, kind: "k", payload: 2, at: new Date().toISOString() });
+      await storage.post("mb", { id: "for-s2", session: s2, kind: "k", payload: 3, at: new Date().toISOString() });
+      await sleep(1000);
+      assert.ok(h.session(s2)!.observations.has("for-s2"), "s2's message waits behind s1's, for as long as s1's inbox stays full");
+    } finally {
+      await h.close();
+      t.cleanup();
+    }
+  });
+});
+
+describe("review: timers", () => {
+  it("two concurrent registrations of the same timer id both succeed and register it once", async () => {
+    const t = tempDir();
+    const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET"; sleep 5')]), adds(1, 2, [conclude("failure", "end")])]);
+    const h = await Harness.open({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast });
+    try {
+      const s = await h.start({ goal: "g", cwd: t.dir });
+      await until(() => (h.session(s)?.executions.get(1)?.output_tail ?? "").includes("\n"), "the socket path");
+      const path = h.session(s)!.executions.get(1)!.output_tail.trim();
+      const ask = () =>
+        new Promise<{ ok: boolean; error?: string }>((resolve, reject) => {
+          const c = connect(path);
+          let buf = "";
+          c.setEncoding("utf8");
+          c.on("connect", () => c.write(JSON.stringify({ session: s, cell: 1, timer_id: "wake:1", delay_seconds: 3600 }) + "\n"));
+          c.on("data", (d: string) => (buf += d));
+          c.on("end", () => resolve(JSON.parse(buf) as { ok: boolean; error?: string }));
+          c.on("error", reject);
+        });
+      const replies = await Promise.all([ask(), ask()]);
+      assert.deepEqual(
+        replies.map((r) => r.ok),
+        [true, true],
+        `a retried registration (same id) must be idempotent: ${replies.map((r) => r.error ?? "ok").join(" | ")}`,
+      );
+      assert.equal(h.session(s)!.timers.size, 1);
+    } finally {
+      await h.close();
+      t.cleanup();
+    }
+  });
+
+  it("a timer id with odd characters and a 10-year delay is registered, shown, and does not fire early (confirmed good)", async () => {
+    const t = tempDir();
+    const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET"; sleep 1')]), adds(1, 2, [note("waiting")]), adds(2, 3, [conclude("failure", "end")])]);
+    const h = await Harness.open({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast });
+    try {
+      const s = await h.start({ goal: "g", cwd: t.dir });
+      await until(() => (h.session(s)?.executions.get(1)?.output_tail ?? "").includes("\n"), "the socket path");
+      const path = h.session(s)!.executions.get(1)!.output_tail.trim();
+      const reply = await new Promise<{ ok: boolean; due_at?: string }>((resolve, reject) => {
+        const c = connect(path);
+        let buf = "";
+        c.setEncoding("utf8");
+        c.on("connect", () => c.write(JSON.stringify({ session: s, timer_id: "a.b_c:d-e", delay_seconds: 10 * 365 * 86400 }) + "\n"));
+        c.on("data", (d: string) => (buf += d));
+        c.on("end", () => resolve(JSON.parse(buf) as { ok: boolean }));
+        c.on("error", reject);
+      });
+      assert.equal(reply.ok, true);
+      await sleep(1500);
+      const timer = h.session(s)!.timers.get("a.b_c:d-e");
+      assert.ok(timer);
+      assert.equal(timer.fired, false);
+      assert.equal(h.inspect().sessions[0]!.timers.length, 1);
+    } finally {
+      await h.close();
+      t.cleanup();
+    }
+  });
+});
