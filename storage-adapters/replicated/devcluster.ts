@@ -17,7 +17,7 @@ import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeFileSync
 import { createServer } from "node:net";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { Etcd3 } from "etcd3";
+import { Etcd3, type IOptions } from "etcd3";
 import { z } from "zod";
 import { ConfigError } from "../../src/errors.js";
 import { StorageUnavailable } from "../../src/storage/errors.js";
@@ -38,6 +38,26 @@ export interface DevClusterOptions {
   readonly etcdBinary?: string;
   /** How long to wait for a healthy cluster, in ms (default 30000). */
   readonly readyTimeoutMs?: number;
+  /**
+   * Serve client traffic over TLS (`startDevCluster` only): members listen on https client URLs with
+   * these files. Peers stay on plain http (one machine). Nothing is generated here.
+   */
+  readonly tls?: DevClusterTls;
+}
+
+/** PEM file paths of a TLS dev cluster. */
+export interface DevClusterTls {
+  /** CA that signed the member certificate, and (with `clientCertAuth`) the clients' certificates. */
+  readonly ca: string;
+  /**
+   * The members' certificate and key: valid for 127.0.0.1, with both serverAuth and clientAuth usages
+   * (etcd dials itself with it, and the dev cluster's own health checks present it as their client
+   * certificate).
+   */
+  readonly cert: string;
+  readonly key: string;
+  /** Require a client certificate signed by `ca` (`--client-cert-auth`; default true). */
+  readonly clientCertAuth?: boolean;
 }
 
 export interface DevMember {
@@ -118,10 +138,18 @@ async function freePorts(count: number): Promise<number[]> {
   return ports;
 }
 
-function memberArgs(plan: MemberPlan, all: readonly MemberPlan[], token: string): string[] {
+function clientUrl(port: number, tls: DevClusterTls | undefined): string {
+  return `${tls ? "https" : "http"}://127.0.0.1:${port}`;
+}
+
+function memberArgs(plan: MemberPlan, all: readonly MemberPlan[], token: string, tls?: DevClusterTls): string[] {
   const peer = (p: MemberPlan) => `http://127.0.0.1:${p.peerPort}`;
-  const client = `http://127.0.0.1:${plan.clientPort}`;
+  const client = clientUrl(plan.clientPort, tls);
+  const tlsArgs = tls
+    ? ["--cert-file", tls.cert, "--key-file", tls.key, "--trusted-ca-file", tls.ca, ...(tls.clientCertAuth === false ? [] : ["--client-cert-auth"])]
+    : [];
   return [
+    ...tlsArgs,
     "--name", plan.name,
     "--data-dir", plan.dataDir,
     "--listen-client-urls", client,
@@ -166,8 +194,15 @@ async function planMembers(dir: string, zones: readonly string[]): Promise<Membe
   }));
 }
 
-function statusClient(url: string, auth: { username: string; password: string } | null): Etcd3 {
+/** The etcd3 client credentials the dev cluster's own clients use (the member certificate as client certificate). */
+function clientCredentials(tls: DevClusterTls | undefined): Pick<IOptions, "credentials"> {
+  if (!tls) return {};
+  return { credentials: { rootCertificate: readFileSync(tls.ca), certChain: readFileSync(tls.cert), privateKey: readFileSync(tls.key) } };
+}
+
+function statusClient(url: string, auth: { username: string; password: string } | null, tls?: DevClusterTls): Etcd3 {
   return new Etcd3({
+    ...clientCredentials(tls),
     hosts: [url],
     ...(auth ? { auth: { username: auth.username, password: auth.password } } : {}),
     defaultCallOptions: () => ({ deadline: Date.now() + 1500 }),
@@ -178,12 +213,13 @@ function statusClient(url: string, auth: { username: string; password: string } 
 async function memberStatuses(
   members: readonly { name: string; clientUrl: string; pid: number | null; running: boolean }[],
   auth: { username: string; password: string } | null,
+  tls?: DevClusterTls,
 ): Promise<ClusterStatus> {
   const results = await Promise.all(
     members.map(async (m): Promise<MemberStatus> => {
       const base = { name: m.name, clientUrl: m.clientUrl, pid: m.pid, running: m.running };
       if (!m.running) return { ...base, reachable: false, leader: null, isLeader: false, raftTerm: null, dbSizeBytes: null };
-      const client = statusClient(m.clientUrl, auth);
+      const client = statusClient(m.clientUrl, auth, tls);
       try {
         const s = await client.maintenance.status();
         return {
@@ -206,9 +242,9 @@ async function memberStatuses(
   return { members: results, reachable, quorumHeld: withLeader * 2 > results.length };
 }
 
-async function waitHealthy(endpoints: readonly string[], timeoutMs: number, logFiles: readonly string[]): Promise<void> {
+async function waitHealthy(endpoints: readonly string[], timeoutMs: number, logFiles: readonly string[], tls?: DevClusterTls): Promise<void> {
   const deadline = Date.now() + timeoutMs;
-  const client = new Etcd3({ hosts: [...endpoints], defaultCallOptions: () => ({ deadline: Date.now() + 2000 }) });
+  const client = new Etcd3({ ...clientCredentials(tls), hosts: [...endpoints], defaultCallOptions: () => ({ deadline: Date.now() + 2000 }) });
   try {
     for (;;) {
       try {
@@ -216,7 +252,7 @@ async function waitHealthy(endpoints: readonly string[], timeoutMs: number, logF
         await client.get("cairn/health").string();
         const all = await Promise.all(
           endpoints.map(async (url) => {
-            const c = statusClient(url, null);
+            const c = statusClient(url, null, tls);
             try {
               return (await c.maintenance.status()).leader !== "0";
             } finally {
@@ -239,9 +275,9 @@ async function waitHealthy(endpoints: readonly string[], timeoutMs: number, logF
   }
 }
 
-async function enableAuth(endpoints: readonly string[]): Promise<{ username: string; password: string }> {
+async function enableAuth(endpoints: readonly string[], tls?: DevClusterTls): Promise<{ username: string; password: string }> {
   const password = randomBytes(18).toString("base64url");
-  const client = new Etcd3({ hosts: [...endpoints] });
+  const client = new Etcd3({ ...clientCredentials(tls), hosts: [...endpoints] });
   try {
     await client.user("root").create(password);
     await client.role("root").create().catch(() => undefined);
@@ -267,9 +303,10 @@ export async function startDevCluster(options: DevClusterOptions): Promise<DevCl
   const binary = options.etcdBinary ?? "etcd";
   const plans = await planMembers(options.dir, options.zones ?? DEV_ZONES);
   const token = `cairn-dev-${randomBytes(6).toString("hex")}`;
-  const args = plans.map((p) => memberArgs(p, plans, token));
+  const tls = options.tls;
+  const args = plans.map((p) => memberArgs(p, plans, token, tls));
   const children: (ChildProcess | null)[] = plans.map((p, i) => spawnMember(binary, p, args[i]!, false));
-  const endpoints = plans.map((p) => `http://127.0.0.1:${p.clientPort}`);
+  const endpoints = plans.map((p) => clientUrl(p.clientPort, tls));
   let root: { username: string; password: string } | null = null;
   let stopped = false;
 
@@ -288,8 +325,8 @@ export async function startDevCluster(options: DevClusterOptions): Promise<DevCl
   };
 
   try {
-    await waitHealthy(endpoints, options.readyTimeoutMs ?? 30_000, plans.map((p) => p.logFile));
-    if (options.auth) root = await enableAuth(endpoints);
+    await waitHealthy(endpoints, options.readyTimeoutMs ?? 30_000, plans.map((p) => p.logFile), tls);
+    if (options.auth) root = await enableAuth(endpoints, tls);
   } catch (err) {
     await stop();
     throw err;
@@ -332,6 +369,7 @@ export async function startDevCluster(options: DevClusterOptions): Promise<DevCl
       return memberStatuses(
         members().map((m, i) => ({ ...m, running: children[i] !== null && children[i]!.exitCode === null })),
         root,
+        tls,
       );
     },
     stop,
@@ -379,6 +417,7 @@ function isOurEtcd(pid: number, dataDir: string): boolean {
  * the state file names members that still run. Returns the state written.
  */
 export async function clusterUp(options: DevClusterOptions): Promise<ClusterState> {
+  if (options.tls) throw new ConfigError("the tls dev cluster option is supported by startDevCluster only, not by `cairn cluster up`");
   const existing = readClusterState(options.dir);
   if (existing && existing.members.some((m) => isOurEtcd(m.pid, m.dataDir))) {
     throw new ConfigError(`a dev cluster already runs from ${options.dir} (endpoints ${existing.endpoints.join(",")}); run \`cairn cluster down\` first`);

@@ -27,9 +27,29 @@ import { ROOT_PREFIX } from "./layout.js";
  * - `outage`: no answer (member down, no quorum, deadline): the request may or may not have applied.
  * - `denied`: the user's role lacks permission. `auth`: bad or missing credentials.
  * - `too_large`: etcd refused the request's size or operation count; nothing applied.
+ * - `tls`: the TLS handshake failed (certificates or scheme); no request was sent.
  * - `closed`: our own client was closed. `other`: anything else (a bug or a misconfiguration).
  */
-export type EtcdErrorKind = "outage" | "denied" | "auth" | "too_large" | "closed" | "other";
+export type EtcdErrorKind = "outage" | "denied" | "auth" | "too_large" | "tls" | "closed" | "other";
+
+/** Which side of a failed TLS handshake is at fault, from the TLS library's message (gRPC wraps it in UNAVAILABLE). */
+export type TlsProblem = "client_cert" | "server_cert" | "not_tls";
+
+const TLS_PROBLEMS: readonly (readonly [TlsProblem, RegExp])[] = [
+  // The server's alert: it refused our client certificate, or we sent none.
+  ["client_cert", /alert (bad certificate|certificate required|unknown ca|certificate unknown|certificate expired|certificate revoked|unsupported certificate)/i],
+  // Our verification of the server's certificate.
+  ["server_cert", /unable to verify the first certificate|self[- ]signed certificate|unable to get (local )?issuer certificate|Hostname\/IP does not match certificate|certificate has expired|ERR_TLS_CERT_ALTNAME_INVALID|certificate is not yet valid/i],
+  // https to a member that serves plain http.
+  ["not_tls", /wrong version number|packet length too long/i],
+];
+
+/** The TLS handshake problem an etcd client error reports, or null when it is not one. */
+export function tlsProblemOf(err: unknown): TlsProblem | null {
+  if (!(err instanceof Error)) return null;
+  for (const [problem, re] of TLS_PROBLEMS) if (re.test(err.message)) return problem;
+  return null;
+}
 
 /** Classifies an error thrown by the etcd3 client. */
 export function classifyEtcdError(err: unknown): EtcdErrorKind {
@@ -42,6 +62,7 @@ export function classifyEtcdError(err: unknown): EtcdErrorKind {
     return "too_large";
   }
   if (err instanceof ClientClosedError) return "closed";
+  if (tlsProblemOf(err) !== null) return "tls";
   if (
     err instanceof GRPCUnavailableError ||
     err instanceof GRPCDeadlineExceededError ||
@@ -99,6 +120,10 @@ export function mapEtcdError(err: unknown, ctx: EtcdErrorContext): CairnError {
         `etcd refused the credentials of ${who} while trying to ${what}: check CAIRN_ETCD_USER / CAIRN_ETCD_PASSWORD (or the username/password options)`,
         { cause: err },
       );
+    case "tls":
+      return new ConfigError(`cannot ${what}: the TLS handshake with etcd at ${ctx.endpoints.join(",")} failed: ${tlsAdvice(tlsProblemOf(err))} (${detail.split("\n")[0]})`, {
+        cause: err,
+      });
     case "too_large":
       return new StorageRejected("too_large", `etcd refused the request to ${what} as too large (${detail}); nothing was written`, { cause: err });
     case "closed":
@@ -110,5 +135,16 @@ export function mapEtcdError(err: unknown, ctx: EtcdErrorContext): CairnError {
       );
     default:
       return new CairnError("internal", `unexpected etcd error while trying to ${what}: ${detail}`, { cause: err });
+  }
+}
+
+function tlsAdvice(problem: TlsProblem | null): string {
+  switch (problem) {
+    case "client_cert":
+      return "the members refused our client certificate or got none; set tls.cert and tls.key (or CAIRN_ETCD_CERT / CAIRN_ETCD_KEY) to a client certificate signed by the CA the members trust (their --trusted-ca-file)";
+    case "server_cert":
+      return "the members' certificate could not be verified; set tls.ca (or CAIRN_ETCD_CA) to the CA that signed it, and check it is valid for the endpoint's host name or IP";
+    default:
+      return "the members do not serve TLS on these endpoints; use http:// endpoints without tls, or enable client TLS on the members";
   }
 }

@@ -9,6 +9,7 @@
  */
 import { readFileSync } from "node:fs";
 import { Etcd3, type IOptions } from "etcd3";
+import { ConfigError } from "../../src/errors.js";
 import type { LogEvent } from "../../src/state/events.js";
 import type { Database, MailboxMessage, OpenOptions, Reader, Storage } from "../../src/storage/contract.js";
 import { DatabaseNotFound, ResetError } from "../../src/storage/errors.js";
@@ -33,6 +34,16 @@ const silent: ReplicatedLogger = { info: () => {}, warn: () => {}, error: () => 
 /** Largest gRPC message we accept (a page of log records). */
 const MAX_RECEIVE_BYTES = 64 * 1024 * 1024;
 
+/** Reads a TLS file named by option `tls.<which>`; a ConfigError naming the option and the path when it cannot. */
+function readPem(path: string, which: "ca" | "cert" | "key"): Buffer {
+  try {
+    return readFileSync(path);
+  } catch (err) {
+    const reason = (err as NodeJS.ErrnoException).code ?? String(err);
+    throw new ConfigError(`replicated storage option "tls.${which}" (or CAIRN_ETCD_${which.toUpperCase()}): cannot read ${path} (${reason})`, { cause: err });
+  }
+}
+
 /**
  * Creates a replicated Storage. Options are validated now (ConfigError naming the option); the
  * cluster is first contacted by `open`, `reader`, `post` or `list`. `open` refuses a cluster with
@@ -46,9 +57,9 @@ export function createReplicatedStorage(options: ReplicatedOptions): Storage {
     ...(opts.tls
       ? {
           credentials: {
-            rootCertificate: readFileSync(opts.tls.ca),
-            ...(opts.tls.key ? { privateKey: readFileSync(opts.tls.key) } : {}),
-            ...(opts.tls.cert ? { certChain: readFileSync(opts.tls.cert) } : {}),
+            rootCertificate: readPem(opts.tls.ca, "ca"),
+            ...(opts.tls.key ? { privateKey: readPem(opts.tls.key, "key") } : {}),
+            ...(opts.tls.cert ? { certChain: readPem(opts.tls.cert, "cert") } : {}),
           },
         }
       : {}),
