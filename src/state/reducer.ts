@@ -9,7 +9,7 @@
 import { applyAccepted } from "./admission.js";
 import type { LogEvent } from "./events.js";
 import type { ExecutionRecord, Projection, SessionProjection, TurnRecord } from "./projection.js";
-import { OUTPUT_TAIL_CHARS, queuedExecution, runtimeCellsView } from "./projection.js";
+import { OUTPUT_TAIL_CHARS, queuedExecution, runtimeCellOf, runtimeCellsView } from "./projection.js";
 import type { Cell, Observation, State } from "./schema.js";
 import { initialState } from "./schema.js";
 
@@ -37,7 +37,6 @@ export class LogCorrupt extends Error {
   }
 }
 
-const encoder = new TextEncoder();
 
 /** Folds events incrementally. `apply` events in seq order; `projection()` reads the result. */
 export class Reducer {
@@ -170,7 +169,7 @@ export class Reducer {
         const ex = executionOf(s, e.body.cell_id, e);
         const { cell_id: _cell, ...identity } = e.body;
         s.executions.set(ex.cell_id, { ...ex, phase: "started", started: { ...identity, seq: e.seq, at: e.at } });
-        refreshView(s);
+        refreshOne(s, ex.cell_id);
         return;
       }
       case "execution_output": {
@@ -180,9 +179,9 @@ export class Reducer {
           ...ex,
           output_tail: tail,
           output_chunks: ex.output_chunks + 1,
-          output_bytes: ex.output_bytes + encoder.encode(e.body.data).length,
+          output_bytes: ex.output_bytes + utf8Length(e.body.data),
         });
-        refreshView(s);
+        refreshOne(s, ex.cell_id);
         return;
       }
       case "execution_finished": {
@@ -277,6 +276,33 @@ function newSession(id: string, at: string, body: LogEvent<"session_created">["b
 
 function withRuntime(state: State, patch: Partial<State["runtime"]>): State {
   return { ...state, runtime: { ...state.runtime, ...patch } };
+}
+
+/**
+ * Refreshes one execution's entry. Only for an execution that is queued or started: such an entry is
+ * always in the view, so this equals `refreshView` (integer-like keys keep numeric order) at O(1).
+ */
+function refreshOne(s: SessionWork, cellId: number): void {
+  const ex = s.executions.get(cellId)!;
+  s.state = withRuntime(s.state, { cells: { ...s.state.runtime.cells, [String(cellId)]: runtimeCellOf(ex) } });
+}
+
+/** UTF-8 length of a string, without encoding it. */
+function utf8Length(text: string): number {
+  let n = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c < 0x80) n += 1;
+    else if (c < 0x800) n += 2;
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < text.length) {
+      const d = text.charCodeAt(i + 1);
+      if (d >= 0xdc00 && d <= 0xdfff) {
+        n += 4;
+        i++;
+      } else n += 3;
+    } else n += 3;
+  }
+  return n;
 }
 
 function refreshView(s: SessionWork): void {
