@@ -8,7 +8,7 @@ import type { SessionProjection } from "../state/projection.js";
 import type { Model } from "../model/contract.js";
 import type { Metrics } from "../observability/metrics.js";
 import type { HarnessLimits } from "./options.js";
-import type { HarnessWorld } from "./world.js";
+import type { HarnessWorld, TimerFunctions } from "./world.js";
 
 /**
  * Boundaries where a test can stop the world (DBOS's debugpoint idea): the chaos suite SIGKILLs the
@@ -29,6 +29,8 @@ export interface HarnessCore {
   readonly logger: Logger;
   readonly metrics: Metrics | null;
   readonly faults: HarnessFaults | null;
+  /** The world's timer functions (real ones unless a test injects its own). */
+  readonly timers: TimerFunctions;
   /** Where script cells are written. */
   readonly scriptDir: string;
   /** Environment given to every cell (the timer socket and friends), besides the session's own. */

@@ -9,8 +9,7 @@
  * "stop"}`; it never reopens on its own. After an uncertain commit it is poisoned: reopen to learn the
  * truth from the log.
  */
-import { randomUUID } from "node:crypto";
-import { mkdirSync, readdirSync, rmSync } from "node:fs";
+import { mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { performance } from "node:perf_hooks";
@@ -19,21 +18,25 @@ import type { Admission } from "../state/admission.js";
 import { admit } from "../state/admission.js";
 import type { Budgets, LogEvent, NewEvent } from "../state/events.js";
 import { event, identity, parseLogEvent } from "../state/events.js";
+import { admissionContext } from "../state/outcomes.js";
 import type { SessionProjection } from "../state/projection.js";
 import { Reducer } from "../state/reducer.js";
 import type { Database, DatabaseSignal, Storage } from "../storage/contract.js";
-import { ResetError, StorageFailure, StorageRejected } from "../storage/errors.js";
+import { ResetError, StorageFailure } from "../storage/errors.js";
 import { CairnError, ConfigError, hasCode } from "../errors.js";
 import type { Model } from "../model/contract.js";
+import { reportGauges } from "../observability/gauges.js";
 import type { Metrics } from "../observability/metrics.js";
 import type { HarnessCore, HarnessFaults } from "./core.js";
 import type { Inspection } from "./inspect.js";
 import { summarize } from "./inspect.js";
-import { checkOutsideObservation, OutsideObservation, outsideToObservation } from "./observations.js";
+import { MailboxDelivery, postObservation, type DeliveryHost } from "./mailbox.js";
+import type { OutsideObservation } from "./observations.js";
 import { defaultLimits, type HarnessLimits } from "./options.js";
 import { SessionDriver } from "./session.js";
-import { startTimerServer, type TimerReply, type TimerRequest } from "./timer-server.js";
-import { defaultWorld, type HarnessWorld } from "./world.js";
+import { startTimerServer, timerSocketPath } from "./timer-server.js";
+import { registerTimer } from "./timers.js";
+import { defaultWorld, realTimers, type HarnessWorld } from "./world.js";
 
 export interface HarnessOpenOptions {
   readonly storage: Storage;
@@ -69,33 +72,6 @@ export interface RunOutcome {
 
 export type HarnessStatus = "open" | "fenced" | "poisoned" | "closed";
 
-/**
- * Where this harness's timer socket lives: `<workDir>/sockets/<db>-<pid>-<random>.sock`, or the OS temp dir
- * when that path is too long for a Unix socket. Sockets left by dead processes are removed.
- */
-function timerSocketPath(workDir: string, name: string): string {
-  let dir = join(workDir, "sockets");
-  const file = `${name}-${process.pid}-${randomUUID().slice(0, 6)}.sock`;
-  if (join(dir, file).length > 100) dir = join(tmpdir(), "cairn-sockets");
-  mkdirSync(dir, { recursive: true, mode: 0o700 });
-  for (const f of readdirSync(dir)) {
-    const m = /^(.+)-(\d+)-[0-9a-f]{6}\.sock$/.exec(f);
-    if (m === null || m[1] !== name) continue;
-    if (!pidAlive(Number(m[2]))) rmSync(join(dir, f), { force: true });
-  }
-  const path = join(dir, file);
-  return path.length > 100 ? join(tmpdir(), `cairn-timer-${process.pid}-${randomUUID().slice(0, 8)}.sock`) : path;
-}
-
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === "EPERM";
-  }
-}
-
 export class Harness {
   private readonly reducer = new Reducer();
   private readonly drivers = new Map<string, SessionDriver>();
@@ -106,8 +82,7 @@ export class Harness {
   private stopError: CairnError | null = null;
   private unwatch: (() => void) | null = null;
   private timerServer: { path: string; close(): Promise<void> } | null = null;
-  private draining = false;
-  private drainAgain = false;
+  private readonly mailbox: MailboxDelivery;
   private readonly sleepers = new Set<() => void>();
   private sessionsAllocated = 0;
   private closing: Promise<void> | null = null;
@@ -137,6 +112,7 @@ export class Harness {
       logger,
       metrics,
       faults,
+      timers: world.timers ?? realTimers,
       scriptDir,
       cellEnv: (session, cell) => {
         const env: Record<string, string> = { CAIRN_DB: name, CAIRN_SESSION: session, CAIRN_CELL: String(cell) };
@@ -153,6 +129,16 @@ export class Harness {
       },
       sleep: (ms) => this.sleep(ms),
     };
+    const host: DeliveryHost = {
+      name,
+      logger,
+      inboxLimit: limits.inboxLimit,
+      session: (id) => this.reducer.session(id),
+      commit: (events) => this.commit(events),
+      nowIso: () => this.core.nowIso(),
+      open: () => this.statusValue === "open",
+    };
+    this.mailbox = new MailboxDelivery(host, db);
   }
 
   /**
@@ -170,7 +156,7 @@ export class Harness {
     try {
       await h.load();
       h.unwatch = db.watch((signal) => h.onSignal(signal));
-      h.timerServer = await startTimerServer(timerSocketPath(workDir, options.name), (req) => h.registerTimer(req));
+      h.timerServer = await startTimerServer(timerSocketPath(workDir, options.name), (req) => registerTimer(h.core, req));
     } catch (err) {
       await db.close().catch(() => undefined);
       throw err;
@@ -179,7 +165,7 @@ export class Harness {
     options.metrics?.lastProgress(world.clock.now() / 1000);
     h.refreshMetrics();
     h.logger.info({ head: h.reducer.headSeq, sessions: h.reducer.projection().order.length }, "database opened");
-    void h.drainMailbox();
+    void h.mailbox.drain();
     return h;
   }
 
@@ -266,34 +252,7 @@ export class Harness {
    */
   async post(session: string, observation: OutsideObservation): Promise<{ duplicate: boolean }> {
     this.assertOpen();
-    let parsed: ReturnType<typeof OutsideObservation.safeParse>;
-    try {
-      parsed = OutsideObservation.safeParse(observation);
-    } catch (err) {
-      if (err instanceof RangeError) throw new ConfigError("bad observation: the payload is nested too deeply.");
-      throw err;
-    }
-    if (!parsed.success) throw new ConfigError(`bad observation: ${parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ")}`);
-    const s = this.reducer.session(session);
-    if (s === undefined) throw new ConfigError(`session "${session}" does not exist in database "${this.name}".`);
-    const check = checkOutsideObservation(s, parsed.data, this.core.limits.inboxLimit);
-    if (!check.ok) {
-      if (check.reason === "inbox_full") throw new StorageRejected("backlog_full", check.message);
-      throw new StorageRejected(check.reason === "conflict" ? "conflict" : "invalid", check.message);
-    }
-    if (check.duplicate) return { duplicate: true };
-    const at = this.core.nowIso();
-    const obs = outsideToObservation(parsed.data, at);
-    try {
-      await this.commit([event("inbox_received", session, identity.inbox(session, obs.id), at, { observation: obs })]);
-    } catch (err) {
-      // A concurrent post of the same id won the race: judge this one against what was committed.
-      if (!(err instanceof StorageRejected && err.reason === "duplicate_identity")) throw err;
-      const again = checkOutsideObservation(this.reducer.session(session)!, parsed.data, Number.MAX_SAFE_INTEGER);
-      if (again.ok) return { duplicate: true };
-      throw new StorageRejected(again.reason === "conflict" ? "conflict" : "invalid", again.message);
-    }
-    return { duplicate: false };
+    return postObservation(this.mailbox.host, session, observation);
   }
 
   /**
@@ -309,9 +268,7 @@ export class Harness {
     if (s.turns.get(turn)?.accepted == null) {
       throw new ConfigError(`round ${turn} of session ${session} has not been accepted; the round loop admits open rounds, and only accepted rounds can be re-submitted.`);
     }
-    const accepted = new Map<string, { patch: unknown; revision: number; newCellIds: number[] }>();
-    for (const t of s.turns.values()) if (t.accepted !== null) accepted.set(t.turn, { patch: t.accepted.patch, revision: t.accepted.revision, newCellIds: [] });
-    return admit({ state: s.state, executions: s.executions, cellsEver: s.cells, pendingObservations: s.pending.length, headSeq: this.reducer.headSeq, accepted }, patch, turn);
+    return admit(admissionContext(s, this.reducer.headSeq), patch, turn);
   }
 
   /** A plain-JSON summary of every session (or one). */
@@ -451,7 +408,7 @@ export class Harness {
     const sessions = new Set(logged.map((e) => e.session));
     let consumed = false;
     for (const e of logged) if (e.kind === "patch_accepted") consumed = true;
-    if (consumed) void this.drainMailbox();
+    if (consumed) void this.mailbox.drain();
     for (const id of sessions) this.drivers.get(id)?.wake();
     this.reportGauges();
     this.metrics?.lastProgress(this.core.world.clock.now() / 1000);
@@ -475,7 +432,7 @@ export class Harness {
     if (signal.type === "fenced") {
       void this.becomeStopped("fenced", ResetError.fenced(this.name, this.db.epoch, signal.epoch));
     } else if (signal.type === "mailbox") {
-      void this.drainMailbox();
+      void this.mailbox.drain();
     }
   }
 
@@ -516,87 +473,15 @@ export class Harness {
   private sleep(ms: number): Promise<boolean> {
     if (this.statusValue !== "open") return Promise.resolve(false);
     return new Promise((resolve) => {
+      const timers = this.core.timers;
       const done = () => {
-        clearTimeout(t);
+        timers.clearTimeout(t);
         this.sleepers.delete(done);
         resolve(this.statusValue === "open");
       };
-      const t = setTimeout(done, ms);
+      const t = timers.setTimeout(done, ms);
       this.sleepers.add(done);
     });
-  }
-
-  /** Moves outside observations from the storage mailbox into inboxes. Serialized. */
-  private async drainMailbox(): Promise<void> {
-    if (this.draining) {
-      this.drainAgain = true;
-      return;
-    }
-    this.draining = true;
-    try {
-      do {
-        this.drainAgain = false;
-        if (this.statusValue !== "open") return;
-        const messages = await this.db.drain();
-        let ackTo = 0;
-        let leftBehind = false;
-        const full = new Set<string>();
-        for (const m of messages) {
-          if (full.has(m.session)) {
-            leftBehind = true;
-            continue;
-          }
-          const s = this.reducer.session(m.session);
-          const parsed = OutsideObservation.safeParse({ id: m.id, kind: m.kind, payload: m.payload });
-          if (s === undefined || !parsed.success) {
-            this.logger.warn({ session: m.session, id: m.id }, "dropped a mailbox message for an unknown session or with a bad shape");
-            if (!leftBehind) ackTo = m.mseq;
-            continue;
-          }
-          const check = checkOutsideObservation(s, parsed.data, this.core.limits.inboxLimit);
-          if (!check.ok && check.reason === "inbox_full") {
-            // Leave it in the mailbox until that inbox drains; other sessions' messages go on. Only
-            // messages before the first one left behind can be acknowledged; later ones are
-            // delivered now and again after, which their identities make a no-op.
-            full.add(m.session);
-            leftBehind = true;
-            continue;
-          }
-          if (check.ok && !check.duplicate) {
-            const obs = outsideToObservation(parsed.data, m.at);
-            await this.commit([event("inbox_received", m.session, identity.inbox(m.session, obs.id), this.core.nowIso(), { observation: obs })]);
-          } else if (!check.ok) {
-            this.logger.warn({ session: m.session, id: m.id, reason: check.reason }, `refused a mailbox message: ${check.message}`);
-          }
-          if (!leftBehind) ackTo = m.mseq;
-        }
-        if (ackTo > 0) await this.db.ack(ackTo);
-      } while (this.drainAgain);
-    } catch (err) {
-      if (this.statusValue === "open") this.logger.error({ err }, "could not drain the mailbox");
-    } finally {
-      this.draining = false;
-    }
-  }
-
-  private async registerTimer(req: TimerRequest): Promise<TimerReply> {
-    const s = this.reducer.session(req.session);
-    if (s === undefined) return { ok: false, error: `session "${req.session}" does not exist` };
-    if (s.terminal !== null) return { ok: false, error: `session ${req.session} has ended; it takes no timers` };
-    const existing = s.timers.get(req.timer_id);
-    if (existing !== undefined) return { ok: true, timer_id: existing.timer_id, due_at: existing.due_at };
-    const now = this.core.world.clock.now();
-    const due = req.due_at !== undefined ? Date.parse(req.due_at) : now + (req.delay_seconds ?? 0) * 1000;
-    const dueAt = new Date(due).toISOString();
-    await this.commit([
-      event("timer_registered", req.session, identity.timer(req.session, req.timer_id), this.core.nowIso(), {
-        timer_id: req.timer_id,
-        cell_id: req.cell ?? null,
-        due_at: dueAt,
-        note: req.note ?? null,
-      }),
-    ]);
-    return { ok: true, timer_id: req.timer_id, due_at: dueAt };
   }
 
   /** Sets every gauge from the projection and the storage's stats (serve calls it on each scrape). */
@@ -605,33 +490,6 @@ export class Harness {
   }
 
   private reportGauges(): void {
-    const m = this.metrics;
-    if (m === null) return;
-    let queued = 0;
-    let running = 0;
-    let unknown = 0;
-    let inbox = 0;
-    let timers = 0;
-    let active = 0;
-    for (const s of this.reducer.projection().sessions.values()) {
-      if (s.terminal === null) active++;
-      inbox += s.pending.length;
-      for (const t of s.timers.values()) if (!t.fired) timers++;
-      for (const e of s.executions.values()) {
-        if (e.phase === "queued") queued++;
-        else if (e.phase === "started") running++;
-        else if (e.result === "UnknownExecution" && e.resolved_by === null) unknown++;
-      }
-    }
-    m.setExecutions(queued, running);
-    m.unresolvedUnknown(unknown);
-    m.setInbox(inbox);
-    m.setTimersPending(timers);
-    m.setRunsActive(active);
-    this.reportStats();
-  }
-
-  private reportStats(): void {
-    this.metrics?.storageStats(this.db.stats());
+    if (this.metrics !== null) reportGauges(this.metrics, this.reducer.projection(), this.db.stats());
   }
 }

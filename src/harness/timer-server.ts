@@ -6,8 +6,11 @@
  * "note"?}`; one JSON line back, `{"ok": true, "timer_id", "due_at"}` once the registration is
  * committed, or `{"ok": false, "error"}`. `cairn timer` speaks it for shell users.
  */
+import { randomUUID } from "node:crypto";
+import { mkdirSync, readdirSync, rmSync } from "node:fs";
 import { createServer, type Server, type Socket } from "node:net";
-import { rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { z } from "zod";
 
 export const TimerRequest = z.strictObject({
@@ -80,4 +83,31 @@ export async function startTimerServer(path: string, register: (req: TimerReques
         });
       }),
   };
+}
+
+/**
+ * Where a harness's timer socket lives: `<workDir>/sockets/<db>-<pid>-<random>.sock`, or the OS temp dir
+ * when that path is too long for a Unix socket. Sockets left by dead processes are removed.
+ */
+export function timerSocketPath(workDir: string, name: string): string {
+  let dir = join(workDir, "sockets");
+  const file = `${name}-${process.pid}-${randomUUID().slice(0, 6)}.sock`;
+  if (join(dir, file).length > 100) dir = join(tmpdir(), "cairn-sockets");
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  for (const f of readdirSync(dir)) {
+    const m = /^(.+)-(\d+)-[0-9a-f]{6}\.sock$/.exec(f);
+    if (m === null || m[1] !== name) continue;
+    if (!pidAlive(Number(m[2]))) rmSync(join(dir, f), { force: true });
+  }
+  const path = join(dir, file);
+  return path.length > 100 ? join(tmpdir(), `cairn-timer-${process.pid}-${randomUUID().slice(0, 8)}.sock`) : path;
+}
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
 }

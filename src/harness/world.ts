@@ -14,8 +14,24 @@ export interface Clock {
   now(): number;
 }
 
+/**
+ * How the harness arms its timers (session timers, the wall-time budget, retry back-off). Injected so
+ * tests can run time forward without real sleeps; the default is the global setTimeout.
+ */
+export interface TimerFunctions {
+  setTimeout(callback: () => void, ms: number): unknown;
+  clearTimeout(handle: unknown): void;
+}
+
+export const realTimers: TimerFunctions = {
+  setTimeout: (callback, ms) => setTimeout(callback, ms),
+  clearTimeout: (handle) => clearTimeout(handle as NodeJS.Timeout),
+};
+
 export interface HarnessWorld {
   readonly clock: Clock;
+  /** Default: the global setTimeout and clearTimeout. */
+  readonly timers?: TimerFunctions;
   readonly host: string;
   readonly bootId: string;
   readonly executor: { prepare(spec: LaunchSpec): Promise<Prepared> };
@@ -26,6 +42,7 @@ export interface HarnessWorld {
 export function defaultWorld(): HarnessWorld {
   return {
     clock: { now: () => Date.now() },
+    timers: realTimers,
     host: hostName(),
     bootId: bootId(),
     executor: createExecutor(),

@@ -56,7 +56,16 @@ export interface TurnRecord {
   readonly response: { readonly attempt: number; readonly patch: unknown } | null;
   readonly rejections: readonly { readonly attempt: number; readonly code: string; readonly reason: string; readonly patch: unknown }[];
   /** Set once a patch was accepted for this turn. */
-  readonly accepted: { readonly attempt: number; readonly patch: unknown; readonly revision: number; readonly seq: number } | null;
+  readonly accepted: {
+    readonly attempt: number;
+    readonly patch: unknown;
+    readonly revision: number;
+    readonly seq: number;
+    /** What the accepted patch did, as its `patch_accepted` event says (echoed in a replayed receipt). */
+    readonly new_cell_ids: readonly number[];
+    readonly removed_ids: readonly number[];
+    readonly consumed: readonly string[];
+  } | null;
 }
 
 export interface TimerRecord {

@@ -155,7 +155,7 @@ export class Reducer {
         for (const id of b.consumed) s.consumed.add(id);
         const consumedSet = new Set(b.consumed);
         s.delivered = s.delivered.filter((id) => !consumedSet.has(id));
-        s.turns.set(t.turn, { ...t, response: null, accepted: { attempt: b.attempt, patch: b.patch, revision: b.revision, seq: e.seq } });
+        s.turns.set(t.turn, { ...t, response: null, accepted: { attempt: b.attempt, patch: b.patch, revision: b.revision, seq: e.seq, new_cell_ids: [...b.new_cell_ids], removed_ids: [...b.removed_ids], consumed: [...b.consumed] } });
         if (s.open_turn === b.turn) s.open_turn = null;
         return;
       }

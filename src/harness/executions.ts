@@ -1,0 +1,204 @@
+/**
+ * A session's executions in this process: launch one (authorized by its `execution_started` commit),
+ * record its output and result, stop it (cancel, shutdown, fence), and recover what an earlier worker
+ * left `started` (UnknownExecution; nothing is ever re-run).
+ */
+import { event, identity } from "../state/events.js";
+import type { FinishedBody, ProcessOutcome } from "../state/outcomes.js";
+import { finishedEvents, lostWorker, processFinished } from "../state/outcomes.js";
+import type { ExecutionRecord } from "../state/projection.js";
+import type { ExecutableCell } from "../state/schema.js";
+import type { SessionContext } from "./session.js";
+
+/** Output is recorded in events of at most this many UTF-16 units, this many per commit. */
+const OUTPUT_EVENT_CHARS = 16_384;
+const OUTPUT_EVENTS_PER_COMMIT = 8;
+
+/** Splits text into pieces of at most `max` units without cutting a surrogate pair. */
+export function splitText(text: string, max: number): string[] {
+  if (text.length <= max) return text.length === 0 ? [] : [text];
+  const out: string[] = [];
+  let i = 0;
+  while (i < text.length) {
+    let end = Math.min(text.length, i + max);
+    const last = text.charCodeAt(end - 1);
+    if (end < text.length && last >= 0xd800 && last <= 0xdbff) end -= 1;
+    out.push(text.slice(i, end));
+    i = end;
+  }
+  return out;
+}
+
+/** A cell running in this process. */
+interface Running {
+  readonly cellId: number;
+  stop(reason: "cancelled" | "shutdown"): Promise<void>;
+  cancelled: boolean;
+  /** Resolves once its result is recorded (or given up on) and it is no longer running. */
+  readonly over: Promise<void>;
+}
+
+export class Executions {
+  private running: Running | null = null;
+  private launching = false;
+  private recovering: Promise<number> | null = null;
+
+  constructor(
+    private readonly ctx: SessionContext,
+    private readonly onIdle: () => void,
+  ) {}
+
+  /** A cell runs in this process, or is being launched. */
+  get busy(): boolean {
+    return this.running !== null || this.launching;
+  }
+
+  /** Stops the running cell's process group, if one runs (its execution stays `started`). */
+  async stopRunning(reason: "shutdown" | "fenced"): Promise<void> {
+    const r = this.running;
+    if (r === null) return;
+    if (reason === "fenced" || this.ctx.core.stopping()) {
+      this.ctx.core.logger.warn({ session: this.ctx.id, cell: r.cellId, reason }, "stopping the running cell's process group");
+    }
+    await r.stop("shutdown").catch(() => undefined);
+  }
+
+  /**
+   * Stops cell `cellId` for a cancel note when it runs in this process, and resolves once its result
+   * (UnknownExecution, or what it recorded on its own) is committed. False when it does not run here.
+   */
+  async cancelRunning(cellId: number): Promise<boolean> {
+    const r = this.running;
+    if (r === null || r.cellId !== cellId) return false;
+    r.cancelled = true;
+    await r.stop("cancelled");
+    await r.over;
+    return true;
+  }
+
+  /** Launches the queued execution of `cell`: prepared, authorized by a commit, then released. */
+  async launch(cell: ExecutableCell, ex: ExecutionRecord): Promise<void> {
+    if (this.busy) throw new Error(`session ${this.ctx.id} cannot launch cell ${cell.id}: cell ${this.running?.cellId ?? "?"} is running`);
+    this.launching = true;
+    try {
+      await this.launchOnce(cell, ex);
+    } finally {
+      this.launching = false;
+    }
+  }
+
+  private async launchOnce(cell: ExecutableCell, ex: ExecutionRecord): Promise<void> {
+    const { core, id } = this.ctx;
+    const s = this.ctx.session();
+    let chunk = ex.output_chunks;
+    const prepared = await core.world.executor.prepare({
+      cellId: cell.id,
+      cell: cell.kind === "cmd" ? { kind: "cmd", argv: [...cell.argv] } : { kind: "script", source: cell.source },
+      cwd: s.cwd,
+      scriptDir: core.scriptDir,
+      env: core.cellEnv(id, cell.id),
+      wallTimeMs: core.limits.executionWallTimeMs,
+      outputLimitBytes: core.limits.executionOutputLimitBytes,
+      flushIntervalMs: core.limits.outputFlushMs,
+      onOutput: async (chunks) => {
+        // Small events in small commits: every adapter takes them (etcd: 1 MiB, 126 events per commit).
+        const pieces = chunks.flatMap((c) => splitText(c.data, OUTPUT_EVENT_CHARS).map((data) => ({ stream: c.stream, data })));
+        for (let i = 0; i < pieces.length && !core.stopping(); i += OUTPUT_EVENTS_PER_COMMIT) {
+          const at = core.nowIso();
+          const events = pieces.slice(i, i + OUTPUT_EVENTS_PER_COMMIT).map((c) => {
+            const n = chunk++;
+            return event("execution_output", id, identity.output(id, cell.id, n), at, { cell_id: cell.id, n, stream: c.stream, data: c.data });
+          });
+          await core.commit(events);
+        }
+      },
+    });
+    if (prepared.kind === "unlaunchable") {
+      await this.finish(cell.id, ex.kind, prepared.outcome, null);
+      return;
+    }
+    try {
+      if (core.stopping()) throw new Error("the harness is stopping");
+      await core.commit([event("execution_started", id, identity.execution(id, cell.id), core.nowIso(), { cell_id: cell.id, ...prepared.identity })]);
+    } catch (err) {
+      // Nothing ran: the gate still holds the child. Kill it; the execution stays queued (or, if the
+      // commit's outcome is unknown, the next owner records UnknownExecution).
+      await prepared.abort();
+      throw err;
+    }
+    await core.faults?.("execution:started-committed", { session: id, cell: cell.id });
+    if (core.stopping() || this.ctx.session().terminal !== null) {
+      // Closing, fenced or ended while the launch was being authorized: the code never runs. The
+      // execution stays `started`; the next owner records it as UnknownExecution.
+      await prepared.abort();
+      return;
+    }
+    const authorized = core.world.clock.now();
+    let over!: () => void;
+    const running: Running = { cellId: cell.id, stop: (reason) => prepared.stop(reason), cancelled: false, over: new Promise<void>((resolve) => (over = resolve)) };
+    this.running = running;
+    prepared.release();
+    core.metrics?.dispatchLatency((core.world.clock.now() - authorized) / 1000);
+    core.logger.info({ session: id, cell: cell.id, pid: prepared.identity.pid }, "cell started");
+    void prepared.done
+      .then(async (outcome) => {
+        if (core.stopping() && !running.cancelled) return; // recorded as it is: the next owner decides
+        await this.finish(cell.id, ex.kind, outcome, running);
+      })
+      .catch((err) => {
+        if (!core.stopping()) core.logger.error({ session: id, cell: cell.id, err }, "could not record an execution's result");
+      })
+      .finally(() => {
+        if (this.running === running) this.running = null;
+        over();
+        this.ctx.wake();
+        this.onIdle();
+      });
+  }
+
+  private async finish(cellId: number, kind: "script" | "cmd", outcome: ProcessOutcome, running: Running | null): Promise<void> {
+    const { core, id } = this.ctx;
+    const at = core.nowIso();
+    const body = processFinished(this.ctx.session(), cellId, outcome, running !== null && running.cancelled);
+    if (running !== null) await core.faults?.("execution:exited", { session: id, cell: cellId });
+    await this.commitFinished(body, at);
+    core.metrics?.executionFinished(kind, body.result, (outcome.duration_ms ?? 0) / 1000);
+    core.logger.info({ session: id, cell: cellId, result: body.result, exit_code: outcome.exit_code }, "cell finished");
+  }
+
+  private async commitFinished(body: FinishedBody, at: string): Promise<void> {
+    await this.ctx.core.commit(finishedEvents(this.ctx.session(), body, at));
+  }
+
+  /**
+   * Turns every `started` execution without a result into UnknownExecution, after stopping a
+   * surviving child (same host, pid AND start time). Never re-runs anything.
+   */
+  recover(): Promise<number> {
+    if (this.recovering === null) {
+      this.recovering = this.recoverOnce().finally(() => {
+        this.recovering = null;
+      });
+    }
+    return this.recovering;
+  }
+
+  private async recoverOnce(): Promise<number> {
+    const { core, id } = this.ctx;
+    let n = 0;
+    for (const ex of [...this.ctx.session().executions.values()]) {
+      if (ex.phase !== "started" || ex.started === null) continue;
+      if (this.running !== null && this.running.cellId === ex.cell_id) continue;
+      if (this.launching) continue; // this driver's own launch, being authorized right now
+      const stopped =
+        ex.started.host !== core.world.host
+          ? { worker_stopped: false, detail: `the cell ran on host ${ex.started.host}; this is ${core.world.host}, so its process could not be checked or stopped from here` }
+          : await core.world.stopSurvivor(ex.started, { graceMs: core.limits.stopGraceMs });
+      await this.commitFinished(lostWorker(ex, stopped), core.nowIso());
+      core.metrics?.executionFinished(ex.kind, "UnknownExecution", null);
+      core.logger.warn({ session: id, cell: ex.cell_id, worker_stopped: stopped.worker_stopped }, "recorded UnknownExecution");
+      n++;
+    }
+    return n;
+  }
+}

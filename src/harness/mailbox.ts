@@ -1,0 +1,123 @@
+/**
+ * Outside observations into inboxes: `Harness.post` (a caller in this process) and the storage
+ * mailbox (other processes, `cairn post`), judged by checkOutsideObservation, delivered by one
+ * `inbox_received` commit each. Redelivery is a no-op (the observation id is the identity).
+ */
+import type { LogEvent, NewEvent } from "../state/events.js";
+import { event, identity } from "../state/events.js";
+import type { SessionProjection } from "../state/projection.js";
+import type { Database } from "../storage/contract.js";
+import { StorageRejected } from "../storage/errors.js";
+import { ConfigError } from "../errors.js";
+import type { Logger } from "pino";
+import { checkOutsideObservation, OutsideObservation, outsideToObservation } from "./observations.js";
+
+export interface DeliveryHost {
+  readonly name: string;
+  readonly logger: Logger;
+  readonly inboxLimit: number;
+  session(id: string): SessionProjection | undefined;
+  commit(events: readonly NewEvent[]): Promise<readonly LogEvent[]>;
+  nowIso(): string;
+  open(): boolean;
+}
+
+/** Delivers `observation` to `session`'s inbox (see Harness.post for the rules). */
+export async function postObservation(host: DeliveryHost, session: string, observation: OutsideObservation): Promise<{ duplicate: boolean }> {
+  let parsed: ReturnType<typeof OutsideObservation.safeParse>;
+  try {
+    parsed = OutsideObservation.safeParse(observation);
+  } catch (err) {
+    if (err instanceof RangeError) throw new ConfigError("bad observation: the payload is nested too deeply.");
+    throw err;
+  }
+  if (!parsed.success) throw new ConfigError(`bad observation: ${parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ")}`);
+  const s = host.session(session);
+  if (s === undefined) throw new ConfigError(`session "${session}" does not exist in database "${host.name}".`);
+  const check = checkOutsideObservation(s, parsed.data, host.inboxLimit);
+  if (!check.ok) {
+    if (check.reason === "inbox_full") throw new StorageRejected("backlog_full", check.message);
+    throw new StorageRejected(check.reason === "conflict" ? "conflict" : "invalid", check.message);
+  }
+  if (check.duplicate) return { duplicate: true };
+  const at = host.nowIso();
+  const obs = outsideToObservation(parsed.data, at);
+  try {
+    await host.commit([event("inbox_received", session, identity.inbox(session, obs.id), at, { observation: obs })]);
+  } catch (err) {
+    // A concurrent post of the same id won the race: judge this one against what was committed.
+    if (!(err instanceof StorageRejected && err.reason === "duplicate_identity")) throw err;
+    const again = checkOutsideObservation(host.session(session)!, parsed.data, Number.MAX_SAFE_INTEGER);
+    if (again.ok) return { duplicate: true };
+    throw new StorageRejected(again.reason === "conflict" ? "conflict" : "invalid", again.message);
+  }
+  return { duplicate: false };
+}
+
+/** Moves messages from the storage mailbox into inboxes. Serialized: a drain asked for while one runs runs after it. */
+export class MailboxDelivery {
+  private draining = false;
+  private again = false;
+
+  constructor(
+    readonly host: DeliveryHost,
+    private readonly db: Database,
+  ) {}
+
+  async drain(): Promise<void> {
+    if (this.draining) {
+      this.again = true;
+      return;
+    }
+    this.draining = true;
+    try {
+      do {
+        this.again = false;
+        if (!this.host.open()) return;
+        await this.drainOnce();
+      } while (this.again);
+    } catch (err) {
+      if (this.host.open()) this.host.logger.error({ err }, "could not drain the mailbox");
+    } finally {
+      this.draining = false;
+    }
+  }
+
+  private async drainOnce(): Promise<void> {
+    const { host } = this;
+    const messages = await this.db.drain();
+    let ackTo = 0;
+    let leftBehind = false;
+    const full = new Set<string>();
+    for (const m of messages) {
+      if (full.has(m.session)) {
+        leftBehind = true;
+        continue;
+      }
+      const s = host.session(m.session);
+      const parsed = OutsideObservation.safeParse({ id: m.id, kind: m.kind, payload: m.payload });
+      if (s === undefined || !parsed.success) {
+        host.logger.warn({ session: m.session, id: m.id }, "dropped a mailbox message for an unknown session or with a bad shape");
+        if (!leftBehind) ackTo = m.mseq;
+        continue;
+      }
+      const check = checkOutsideObservation(s, parsed.data, host.inboxLimit);
+      if (!check.ok && check.reason === "inbox_full") {
+        // Leave it in the mailbox until that inbox drains; other sessions' messages go on. Only
+        // messages before the first one left behind can be acknowledged; later ones are
+        // delivered now and again after, which their identities make a no-op.
+        full.add(m.session);
+        leftBehind = true;
+        continue;
+      }
+      if (check.ok && !check.duplicate) {
+        const obs = outsideToObservation(parsed.data, m.at);
+        await host.commit([event("inbox_received", m.session, identity.inbox(m.session, obs.id), host.nowIso(), { observation: obs })]);
+      } else if (!check.ok) {
+        host.logger.warn({ session: m.session, id: m.id, reason: check.reason }, `refused a mailbox message: ${check.message}`);
+      }
+      if (!leftBehind) ackTo = m.mseq;
+    }
+    if (ackTo > 0) await this.db.ack(ackTo);
+  }
+}

@@ -1,0 +1,135 @@
+/**
+ * The model round: prepare the turn (delivering unread observations), call the model, record its
+ * response, and admit the patch; retried within the attempt budget (nextAttempt in
+ * src/state/next-step.ts decides which attempt comes next). A response committed before a crash is
+ * admitted without calling the model again.
+ */
+import { admit } from "../state/admission.js";
+import { event, identity } from "../state/events.js";
+import { nextAttempt } from "../state/next-step.js";
+import type { NextStep } from "../state/next-step.js";
+import { acceptedEvents, admissionContext, toJson } from "../state/outcomes.js";
+import { hasCode } from "../errors.js";
+import type { SessionContext } from "./session.js";
+
+type Usage = { input_tokens: number; output_tokens: number };
+
+/** Runs one round until a patch is accepted or the run ends. */
+export async function runRound(ctx: SessionContext, step: Extract<NextStep, { kind: "round" }>): Promise<void> {
+  const { core, id } = ctx;
+  const turn = step.turn;
+  if (step.prepare) {
+    await core.commit([event("turn_prepared", id, identity.turn(turn), core.nowIso(), { turn, n: step.n, revision: ctx.session().state.revision, delivered: [...step.delivered] })]);
+  }
+  const started = core.world.clock.now();
+  for (;;) {
+    if (core.stopping()) return;
+    const s = ctx.session();
+    const t = s.turns.get(turn);
+    if (t === undefined) throw new Error(`round ${turn} of session ${id} was never prepared`);
+    const next = nextAttempt(s, t, core.limits);
+    if (next.kind === "done") return;
+    if (next.kind === "give_up") {
+      await ctx.endRun("failure", next.reason);
+      return;
+    }
+    let patch: unknown;
+    if (next.kind === "admit") {
+      patch = next.patch;
+    } else {
+      const got = await callModel(ctx, turn, next.attempt, next.rejection);
+      if (got === "stop") return;
+      if (got === "again") continue;
+      patch = got.patch;
+    }
+    const attempt = next.attempt;
+    if (await admitPatch(ctx, turn, attempt, patch)) {
+      core.metrics?.modelRound((core.world.clock.now() - started) / 1000);
+      return;
+    }
+  }
+}
+
+/**
+ * One model call: `model_attempt` first, then the response (`model_response`) or the failure
+ * (`model_attempt_failed`, then a back-off). "again": try the next attempt; "stop": the round is over.
+ */
+async function callModel(
+  ctx: SessionContext,
+  turn: string,
+  attempt: number,
+  rejection: { code: string; reason: string; patch: unknown } | null,
+): Promise<{ patch: unknown } | "again" | "stop"> {
+  const { core, id } = ctx;
+  await core.commit([event("model_attempt", id, identity.attempt(turn, attempt), core.nowIso(), { turn, attempt })]);
+  let reply: { patch: unknown; usage: Usage | null };
+  try {
+    reply = await core.model.step({
+      state: ctx.session().state,
+      turn,
+      attempt,
+      ...(rejection !== null ? { rejection } : {}),
+      signal: ctx.signal,
+    });
+    if (reply === null || typeof reply !== "object") throw new TypeError(`the model returned ${String(reply)} instead of {patch, usage}`);
+  } catch (err) {
+    if (core.stopping() || ctx.session().terminal !== null) return "stop";
+    // A ModelError says whether to retry; anything else (a provider bug) is retried within the
+    // attempt budget, and recorded like any failed attempt.
+    const me = err as Error & { retryable?: boolean; usage?: Usage | null };
+    const retryable = hasCode(err, "model") ? me.retryable === true : true;
+    const message = err instanceof Error ? err.message : String(err);
+    core.metrics?.modelAttempt("error");
+    await core.commit([
+      event("model_attempt_failed", id, identity.attemptFailed(turn, attempt), core.nowIso(), { turn, attempt, error: message, retryable, usage: hasCode(err, "model") ? (me.usage ?? null) : null }),
+    ]);
+    core.logger.warn({ session: id, turn, attempt, retryable, err: message }, "model attempt failed");
+    if (!retryable) {
+      await ctx.endRun("failure", `the model call failed and cannot be retried: ${message}`);
+      return "stop";
+    }
+    core.metrics?.modelRetry();
+    await core.sleep(core.limits.retryBaseMs * 2 ** (attempt - 1));
+    return "again";
+  }
+  core.metrics?.modelAttempt("ok");
+  if (reply.usage) core.metrics?.tokens(reply.usage.input_tokens, reply.usage.output_tokens);
+  try {
+    await core.commit([event("model_response", id, identity.response(turn, attempt), core.nowIso(), { turn, attempt, patch: toJson(reply.patch), usage: reply.usage ?? null })]);
+  } catch (err) {
+    if (!(hasCode(err, "rejected") && (err as { reason?: string }).reason === "too_large")) throw err;
+    // Too large to record durably: refuse it like an inadmissible patch, and say why.
+    const bytes = JSON.stringify(reply.patch ?? null).length;
+    await core.commit([
+      event("patch_rejected", id, identity.rejected(turn, attempt), core.nowIso(), {
+        turn,
+        attempt,
+        code: "too_large",
+        reason: `the patch is too large to record (${bytes} bytes of JSON): keep each step well under 512 KiB, e.g. split a large script or write big files from several cells`,
+      }),
+    ]);
+    return "again";
+  }
+  await core.faults?.("model:response-committed", { session: id, turn });
+  return { patch: reply.patch };
+}
+
+/** Admits a committed response. Returns true when accepted (or the round is over). */
+async function admitPatch(ctx: SessionContext, turn: string, attempt: number, patch: unknown): Promise<boolean> {
+  const { core, id } = ctx;
+  const s = ctx.session();
+  const result = admit(admissionContext(s, core.headSeq()), patch, turn);
+  const at = core.nowIso();
+  if (!result.ok) {
+    core.metrics?.patchRejected(result.code);
+    core.logger.info({ session: id, turn, attempt, code: result.code, reason: result.reason }, "patch rejected");
+    await core.commit([event("patch_rejected", id, identity.rejected(turn, attempt), at, { turn, attempt, code: result.code, reason: result.reason })]);
+    return false;
+  }
+  const r = result.receipt;
+  if (r.replay) return true;
+  await core.commit(acceptedEvents(s, turn, attempt, patch, r, core.limits.maxIdle, at));
+  core.logger.info({ session: id, turn, revision: r.revision, new_cells: r.newCells.map((c) => c.id) }, "patch accepted");
+  await core.faults?.("patch:committed", { session: id, turn });
+  return true;
+}

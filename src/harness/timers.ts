@@ -1,0 +1,135 @@
+/**
+ * A session's clocks: one armed timer per registered timer not fired yet, and one for the wall-time
+ * budget. The timer functions are injected (HarnessWorld.timers), so tests run time forward without
+ * sleeping. Which timer is due is decided in src/state (nextStep, dueTimers); this file arms the
+ * wake-ups and commits what fired.
+ *
+ * Both arms work even while the driver's loop is busy in a model call or a validator: a timer fires
+ * and the budget ends the run (aborting the call) without waiting for the loop.
+ */
+import { timerFiredEvents } from "../state/outcomes.js";
+import { wallDeadline } from "../state/next-step.js";
+import type { SessionProjection } from "../state/projection.js";
+import type { TimerRequest, TimerReply } from "./timer-server.js";
+import { event, identity } from "../state/events.js";
+import type { HarnessCore } from "./core.js";
+import type { SessionContext } from "./session.js";
+import type { TimerFunctions } from "./world.js";
+
+/** setTimeout's longest delay; longer waits are re-armed in chunks. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+export class SessionTimers {
+  private readonly armed = new Map<string, unknown>();
+  private readonly firing = new Map<string, Promise<void>>();
+  private budget: unknown = null;
+  private stopped = false;
+
+  constructor(
+    private readonly ctx: SessionContext,
+    private readonly fns: TimerFunctions,
+    /** Called after the wall-time budget ended the run: stop a model call in flight. */
+    private readonly onBudgetEnded: () => void,
+  ) {}
+
+  /** Arms a wake-up for every timer not fired yet and not armed, and for the wall-time budget. */
+  arm(s: SessionProjection, now: number): void {
+    if (this.stopped) return;
+    for (const t of s.timers.values()) {
+      if (t.fired || this.armed.has(t.timer_id)) continue;
+      this.armTimer(t.timer_id, Date.parse(t.due_at) - now);
+    }
+    const deadline = wallDeadline(s);
+    if (deadline !== null && this.budget === null && now < deadline) {
+      // Ten ms past the deadline, so the budget is exhausted when the callback looks.
+      this.budget = this.fns.setTimeout(() => this.onBudget(deadline), Math.min(Math.ceil(deadline - now) + 10, MAX_TIMER_MS));
+    }
+  }
+
+  /**
+   * Commits that timer `timerId` fired (and its observation), once: a second call while the first
+   * commits shares its outcome. Does nothing for a fired or unknown timer, an ended run, or a
+   * stopping harness; re-arms a timer that is not due yet.
+   */
+  fire(timerId: string): Promise<void> {
+    const inFlight = this.firing.get(timerId);
+    if (inFlight !== undefined) return inFlight;
+    const p = this.fireOnce(timerId).finally(() => this.firing.delete(timerId));
+    this.firing.set(timerId, p);
+    return p;
+  }
+
+  /** Disarms everything; nothing fires after. */
+  stop(): void {
+    this.stopped = true;
+    for (const h of this.armed.values()) this.fns.clearTimeout(h);
+    this.armed.clear();
+    if (this.budget !== null) this.fns.clearTimeout(this.budget);
+    this.budget = null;
+  }
+
+  private armTimer(timerId: string, delay: number): void {
+    // The handle stays in `armed` after it fires: a timer is armed once per driver.
+    const handle = this.fns.setTimeout(() => {
+      this.fire(timerId)
+        .catch((err) => {
+          if (!this.ctx.core.stopping()) this.ctx.core.logger.error({ session: this.ctx.id, err, timer: timerId }, "could not record a fired timer");
+        })
+        .finally(() => this.ctx.wake());
+    }, Math.min(Math.max(0, delay), MAX_TIMER_MS));
+    this.armed.set(timerId, handle);
+  }
+
+  private async fireOnce(timerId: string): Promise<void> {
+    const { core } = this.ctx;
+    const s = this.ctx.session();
+    const t = s.timers.get(timerId);
+    if (t === undefined || t.fired || core.stopping() || s.terminal !== null) return;
+    const now = core.world.clock.now();
+    const due = Date.parse(t.due_at);
+    if (now < due) {
+      // Not due yet (setTimeout caps delays): arm the rest.
+      if (!this.stopped) this.armTimer(timerId, due - now);
+      return;
+    }
+    const events = timerFiredEvents(s, t, now, core.nowIso());
+    await core.commit(events);
+    core.metrics?.timerFired(Math.max(0, now - due) / 1000);
+  }
+
+  private onBudget(deadline: number): void {
+    this.budget = null;
+    const { core } = this.ctx;
+    if (core.stopping() || this.stopped) return;
+    if (core.world.clock.now() < deadline) return this.ctx.wake(); // the driver re-arms the rest
+    const max = this.ctx.session().budgets.max_wall_seconds;
+    void this.ctx
+      .endRun("failure", `the wall-time budget of ${max} s is exhausted`)
+      .then(() => this.onBudgetEnded())
+      .catch((err) => core.logger.error({ session: this.ctx.id, err }, "could not end the run at its wall-time budget"));
+  }
+}
+
+/**
+ * Registers a timer a running cell asked for over the timer socket, once per id: a repeated request
+ * answers with the timer already registered.
+ */
+export async function registerTimer(core: HarnessCore, req: TimerRequest): Promise<TimerReply> {
+  const s = core.session(req.session);
+  if (s === undefined) return { ok: false, error: `session "${req.session}" does not exist` };
+  if (s.terminal !== null) return { ok: false, error: `session ${req.session} has ended; it takes no timers` };
+  const existing = s.timers.get(req.timer_id);
+  if (existing !== undefined) return { ok: true, timer_id: existing.timer_id, due_at: existing.due_at };
+  const now = core.world.clock.now();
+  const due = req.due_at !== undefined ? Date.parse(req.due_at) : now + (req.delay_seconds ?? 0) * 1000;
+  const dueAt = new Date(due).toISOString();
+  await core.commit([
+    event("timer_registered", req.session, identity.timer(req.session, req.timer_id), core.nowIso(), {
+      timer_id: req.timer_id,
+      cell_id: req.cell ?? null,
+      due_at: dueAt,
+      note: req.note ?? null,
+    }),
+  ]);
+  return { ok: true, timer_id: req.timer_id, due_at: dueAt };
+}

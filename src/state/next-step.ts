@@ -1,0 +1,214 @@
+/**
+ * What a session does next: the scheduling rules of one run, decided from its projection, the limits
+ * and the time, with no effects. The harness's driver performs the step this returns, commits, and
+ * asks again (decide, then perform).
+ *
+ * The order of the rules is the order of `nextStep`:
+ *   1. an ended run does nothing;
+ *   2. budgets: tokens, wall time, and rounds (only when a new round is wanted) end the run;
+ *   3. a timer that is due fires;
+ *   4. an accepted role note not yet handled (cancel, resolution, conclusion) is handled, in cell order;
+ *   5. the oldest queued execution is dispatched, unless a cell runs (here or for an earlier worker)
+ *      or the queue is paused: an `error` or UnknownExecution whose observation no accepted patch
+ *      has consumed yet;
+ *   6. the model is called when there is something to decide: no round yet, unread observations, or
+ *      a round left open (prepared before a crash);
+ *   7. otherwise wait: for the running cell, the next timer, the wall-time budget or the outside world.
+ *
+ * Pure: no I/O, no clock (the time is an argument).
+ */
+import type { ExecutionRecord, SessionProjection, TimerRecord, TurnRecord } from "./projection.js";
+import { isUnresolvedUnknown } from "./projection.js";
+import { observationId, turnId } from "./events.js";
+import type { ExecutableCell, NoteCell } from "./schema.js";
+import { isExecutable } from "./schema.js";
+
+/** The limits the decisions depend on (a subset of the harness limits). */
+export interface StepLimits {
+  /** Attempts per model round before the run fails. */
+  readonly maxAttemptsPerTurn: number;
+  /** Observations delivered to one round at most. */
+  readonly deliverPerRound: number;
+}
+
+export interface StepInput {
+  readonly session: SessionProjection;
+  readonly limits: StepLimits;
+  /** Milliseconds since the epoch. */
+  readonly now: number;
+  /** This process has a cell running or being launched (the log may not show it started yet). */
+  readonly busy: boolean;
+}
+
+/** Something the session waits for. */
+export type WaitFor =
+  | { readonly kind: "execution"; readonly cell_id: number }
+  | { readonly kind: "timer"; readonly timer_id: string; readonly due: number }
+  | { readonly kind: "wall_budget"; readonly due: number }
+  | { readonly kind: "outside" };
+
+export type ControlAction = "resolve" | "cancel" | "conclude";
+
+/** The one next step of a session. */
+export type NextStep =
+  /** The run has ended: nothing more to do. */
+  | { readonly kind: "ended" }
+  /** End the run as a failure (a budget is exhausted). */
+  | { readonly kind: "end_run"; readonly result: "failure"; readonly reason: string }
+  /** Record that this timer fired and deliver its observation. */
+  | { readonly kind: "fire_timer"; readonly timer: TimerRecord }
+  /** Act on this accepted role note. */
+  | { readonly kind: "control"; readonly note: NoteCell; readonly action: ControlAction }
+  /** Launch this queued execution. */
+  | { readonly kind: "dispatch"; readonly cell: ExecutableCell; readonly execution: ExecutionRecord }
+  /**
+   * Run a model round for `turn`: when `prepare`, commit `turn_prepared` delivering `delivered`
+   * first; otherwise the round is already open (prepared before a crash) and continues.
+   */
+  | { readonly kind: "round"; readonly turn: string; readonly prepare: boolean; readonly n: number; readonly delivered: readonly string[] }
+  /** Nothing to do until something happens; `until` is the earliest known time to look again. */
+  | { readonly kind: "wait"; readonly until: number | null; readonly for: readonly WaitFor[] };
+
+/** Decides the next step of a session. See the module comment for the order of the rules. */
+export function nextStep(input: StepInput): NextStep {
+  const { session: s, now } = input;
+  if (s.terminal !== null) return { kind: "ended" };
+  const ended = budgetExhausted(s, now);
+  if (ended !== null) return { kind: "end_run", result: "failure", reason: ended };
+  const due = dueTimers(s, now)[0];
+  if (due !== undefined) return { kind: "fire_timer", timer: due };
+  const control = nextControl(s);
+  if (control !== null) return { kind: "control", ...control };
+  if (!input.busy) {
+    const next = nextDispatch(s);
+    if (next !== null) return { kind: "dispatch", ...next };
+  }
+  if (wantsRound(s)) {
+    if (s.open_turn !== null) return { kind: "round", turn: s.open_turn, prepare: false, n: s.turns.get(s.open_turn)?.n ?? s.turn_count, delivered: [] };
+    const n = s.turn_count + 1;
+    return { kind: "round", turn: turnId(s.id, n), prepare: true, n, delivered: s.pending.slice(0, input.limits.deliverPerRound) };
+  }
+  return wait(s);
+}
+
+/** A new or open model round is wanted: none yet, unread observations, or one left open. */
+export function wantsRound(s: SessionProjection): boolean {
+  if (s.terminal !== null) return false;
+  if (s.open_turn !== null) return true;
+  if (s.turn_count === 0) return true;
+  return s.pending.length > 0;
+}
+
+/** The instant (ms) the wall-time budget runs out, or null without one. */
+export function wallDeadline(s: SessionProjection): number | null {
+  const max = s.budgets.max_wall_seconds;
+  return max === undefined ? null : Date.parse(s.created_at) + max * 1000;
+}
+
+/**
+ * Why the run must end now for a budget, or null. A round still open (prepared before a crash) may
+ * finish; only a new one is over the round budget.
+ */
+export function budgetExhausted(s: SessionProjection, now: number): string | null {
+  const b = s.budgets;
+  const u = s.state.runtime.usage;
+  if (b.max_rounds !== undefined && s.turn_count >= b.max_rounds && s.open_turn === null && wantsRound(s)) {
+    return `the round budget of ${b.max_rounds} is exhausted`;
+  }
+  if (b.max_tokens !== undefined && u.input_tokens + u.output_tokens >= b.max_tokens) {
+    return `the token budget of ${b.max_tokens} is exhausted (${u.input_tokens + u.output_tokens} used)`;
+  }
+  if (b.max_wall_seconds !== undefined && (now - Date.parse(s.created_at)) / 1000 >= b.max_wall_seconds) {
+    return `the wall-time budget of ${b.max_wall_seconds} s is exhausted`;
+  }
+  return null;
+}
+
+/** Registered timers not fired whose time has come, earliest first. */
+export function dueTimers(s: SessionProjection, now: number): TimerRecord[] {
+  return [...s.timers.values()].filter((t) => !t.fired && Date.parse(t.due_at) <= now).sort((a, b) => Date.parse(a.due_at) - Date.parse(b.due_at));
+}
+
+/** The first accepted role note (in cell order) that no `control_handled` event answers yet. */
+export function nextControl(s: SessionProjection): { note: NoteCell; action: ControlAction } | null {
+  for (const cell of s.cells.values()) {
+    if (cell.kind !== "note" || cell.role === undefined || s.controls.has(cell.id)) continue;
+    return { note: cell, action: cell.role === "resolution" ? "resolve" : cell.role === "cancel" ? "cancel" : "conclude" };
+  }
+  return null;
+}
+
+/** The finished `error` or UnknownExecution whose observation no accepted patch consumed yet: the queue waits for the model to see it. */
+export function pausedBy(s: SessionProjection): ExecutionRecord | null {
+  for (const ex of s.executions.values()) {
+    if (ex.phase !== "finished") continue;
+    if (ex.result !== "error" && ex.result !== "UnknownExecution") continue;
+    if (!s.consumed.has(observationId.execution(ex.cell_id))) return ex;
+  }
+  return null;
+}
+
+/**
+ * The execution to launch next, or null: the oldest queued one (by the seq of its `execution_queued`
+ * event), one at a time, never while one is started (ours or an earlier worker's, which recovery
+ * handles) and never while the queue is paused. Throws when the log names a queued execution without
+ * an executable cell (a corrupt projection).
+ */
+export function nextDispatch(s: SessionProjection): { cell: ExecutableCell; execution: ExecutionRecord } | null {
+  let next: ExecutionRecord | null = null;
+  for (const ex of s.executions.values()) {
+    if (ex.phase === "started") return null;
+    if (ex.phase === "queued" && (next === null || ex.queued_seq < next.queued_seq)) next = ex;
+  }
+  if (next === null || pausedBy(s) !== null) return null;
+  const cell = s.cells.get(next.cell_id);
+  if (cell === undefined || !isExecutable(cell)) throw new Error(`queued execution ${next.cell_id} has no executable cell`);
+  return { cell, execution: next };
+}
+
+/** The mechanical conditions a success conclusion needs, as sentences (empty: none blocks it). */
+export function successBlockers(s: SessionProjection): string[] {
+  const out: string[] = [];
+  const pending = [...s.executions.values()].filter((e) => e.phase !== "finished").map((e) => e.cell_id);
+  if (pending.length > 0) out.push(`cells ${pending.join(", ")} have not finished`);
+  const unknown = [...s.executions.values()].filter(isUnresolvedUnknown).map((e) => e.cell_id);
+  if (unknown.length > 0) out.push(`the UnknownExecution of cells ${unknown.join(", ")} is unresolved`);
+  if (s.pending.length > 0) out.push(`${s.pending.length} observation(s) are unread`);
+  return out;
+}
+
+/** What a session with nothing to do now waits for, and the earliest time to look again. */
+function wait(s: SessionProjection): NextStep {
+  const waits: WaitFor[] = [];
+  for (const ex of s.executions.values()) if (ex.phase !== "finished") waits.push({ kind: "execution", cell_id: ex.cell_id });
+  for (const t of s.timers.values()) if (!t.fired) waits.push({ kind: "timer", timer_id: t.timer_id, due: Date.parse(t.due_at) });
+  const wall = wallDeadline(s);
+  if (wall !== null) waits.push({ kind: "wall_budget", due: wall });
+  if (waits.length === 0) waits.push({ kind: "outside" });
+  let until: number | null = null;
+  for (const w of waits) if ((w.kind === "timer" || w.kind === "wall_budget") && (until === null || w.due < until)) until = w.due;
+  return { kind: "wait", until, for: waits };
+}
+
+/** What the round loop does next for an open turn. */
+export type AttemptStep =
+  /** The turn was accepted (or the run ended): the round is over. */
+  | { readonly kind: "done" }
+  /** A complete response was committed (before a crash, or just now): admit it without calling the model. */
+  | { readonly kind: "admit"; readonly attempt: number; readonly patch: unknown }
+  /** Call the model for this attempt, telling it why the last patch was refused, if one was. */
+  | { readonly kind: "call"; readonly attempt: number; readonly rejection: { readonly code: string; readonly reason: string; readonly patch: unknown } | null }
+  /** The attempts are spent: end the run. */
+  | { readonly kind: "give_up"; readonly reason: string };
+
+/** Decides the next attempt of round `t`. */
+export function nextAttempt(s: SessionProjection, t: TurnRecord, limits: StepLimits): AttemptStep {
+  if (s.terminal !== null || t.accepted !== null) return { kind: "done" };
+  if (t.response !== null) return { kind: "admit", attempt: t.response.attempt, patch: t.response.patch };
+  const attempt = t.attempts + 1;
+  if (attempt > limits.maxAttemptsPerTurn) {
+    return { kind: "give_up", reason: `the model gave no admissible patch in ${limits.maxAttemptsPerTurn} attempts for round ${t.turn}` };
+  }
+  const last = t.rejections[t.rejections.length - 1];
+  return { kind: "call", attempt, rejection: last === undefined ? null : { code: last.code, reason: last.reason, patch: last.patch ?? null } };
+}

@@ -1,0 +1,198 @@
+/**
+ * The events a session's decisions commit, built in one place: an execution's result and its
+ * observation, a control note's outcome, a fired timer, an accepted patch (with the idle rule), and
+ * the admission context a patch is judged against.
+ *
+ * Pure: no I/O, no clock (the time is an argument).
+ */
+import type { AdmissionContext, Receipt } from "./admission.js";
+import type { EventBody, NewEvent } from "./events.js";
+import { event, identity, observationId } from "./events.js";
+import type { ExecutionRecord, SessionProjection, TimerRecord } from "./projection.js";
+import type { NoteCell, Observation } from "./schema.js";
+import { isExecutable } from "./schema.js";
+
+/** The admission context of a session: everything `admit` judges a patch against. */
+export function admissionContext(s: SessionProjection, headSeq: number): AdmissionContext {
+  const accepted = new Map<string, { patch: unknown; revision: number; newCellIds: readonly number[]; removedIds: readonly number[]; consumed: readonly string[] }>();
+  for (const t of s.turns.values()) {
+    if (t.accepted !== null) {
+      accepted.set(t.turn, { patch: t.accepted.patch, revision: t.accepted.revision, newCellIds: t.accepted.new_cell_ids, removedIds: t.accepted.removed_ids, consumed: t.accepted.consumed });
+    }
+  }
+  return { state: s.state, executions: s.executions, cellsEver: s.cells, pendingObservations: s.pending.length, headSeq, accepted };
+}
+
+export type FinishedBody = EventBody<"execution_finished">;
+
+/** The observation that tells the model how an execution ended (with the tail of its output). */
+export function executionObservation(body: FinishedBody, at: string, ex: ExecutionRecord | undefined): Observation {
+  const payload: Record<string, unknown> = { cell_id: body.cell_id, result: body.result, exit_code: body.exit_code };
+  if (body.detail !== null) payload.detail = body.detail;
+  if (body.unknown !== null) payload.unknown = body.unknown;
+  if (ex !== undefined && ex.output_tail.length > 0) payload.output_tail = ex.output_tail.slice(-2000);
+  return { id: observationId.execution(body.cell_id), source: "execution", kind: `execution_${body.result}`, at, payload: payload as Observation["payload"] };
+}
+
+/**
+ * An execution's result; with `observe`, also its observation in the inbox (a cell cancelled before
+ * it started is told to the model by the control's observation instead).
+ */
+export function finishedEvents(s: SessionProjection, body: FinishedBody, at: string, observe = true): NewEvent[] {
+  const events: NewEvent[] = [event("execution_finished", s.id, identity.finished(s.id, body.cell_id), at, body)];
+  if (observe) {
+    const obs = executionObservation(body, at, s.executions.get(body.cell_id));
+    events.push(event("inbox_received", s.id, identity.inbox(s.id, obs.id), at, { observation: obs }));
+  }
+  return events;
+}
+
+/** The result of a queued execution cancelled by `noteId` before it was launched. */
+export function cancelledBeforeLaunch(cellId: number, noteId: number): FinishedBody {
+  return {
+    cell_id: cellId,
+    result: "cancelled",
+    exit_code: null,
+    signal: null,
+    duration_ms: null,
+    output_bytes: 0,
+    dropped_bytes: 0,
+    detail: `cancelled by note ${noteId} before launch`,
+    unknown: null,
+  };
+}
+
+/** The UnknownExecution of a `started` execution whose worker was lost before it recorded a result. */
+export function lostWorker(ex: ExecutionRecord, stopped: { readonly worker_stopped: boolean; readonly detail: string }): FinishedBody {
+  return {
+    cell_id: ex.cell_id,
+    result: "UnknownExecution",
+    exit_code: null,
+    signal: null,
+    duration_ms: null,
+    output_bytes: ex.output_bytes,
+    dropped_bytes: 0,
+    detail: `the worker that started this cell stopped before recording its result; ${stopped.detail}`,
+    unknown: {
+      type: "UnknownExecution",
+      cell_id: ex.cell_id,
+      reason: "worker_lost_before_result_commit",
+      worker_stopped: stopped.worker_stopped,
+      evidence_refs: ex.started === null ? [] : [`event:${ex.started.seq}`],
+    },
+  };
+}
+
+/** What a launched process reported when it ended. */
+export interface ProcessOutcome {
+  readonly result: FinishedBody["result"];
+  readonly exit_code: number | null;
+  readonly signal: string | null;
+  readonly duration_ms: number | null;
+  readonly output_bytes: number;
+  readonly dropped_bytes: number;
+  readonly detail: string | null;
+}
+
+/**
+ * The result of a launched (or unlaunchable) execution. A cell whose process group a cancel note
+ * stopped is UnknownExecution (`cancelled_after_launch`): what it did before the stop is unknown.
+ */
+export function processFinished(s: SessionProjection, cellId: number, outcome: ProcessOutcome, cancelledAfterLaunch: boolean): FinishedBody {
+  const started = s.executions.get(cellId)?.started;
+  return {
+    cell_id: cellId,
+    result: cancelledAfterLaunch ? "UnknownExecution" : outcome.result,
+    exit_code: outcome.exit_code,
+    signal: outcome.signal,
+    duration_ms: outcome.duration_ms,
+    output_bytes: outcome.output_bytes,
+    dropped_bytes: outcome.dropped_bytes,
+    detail: outcome.detail,
+    unknown: cancelledAfterLaunch
+      ? { type: "UnknownExecution", cell_id: cellId, reason: "cancelled_after_launch", worker_stopped: true, evidence_refs: started ? [`event:${started.seq}`] : [] }
+      : null,
+  };
+}
+
+export type ControlOutcome = "cancelled" | "stopped" | "already_finished" | "resolved" | "refused" | "concluded";
+
+/** A control note's outcome; with `observe`, also an observation telling the model. `before` events come first in the batch. */
+export function controlEvents(s: SessionProjection, note: NoteCell, outcome: ControlOutcome, detail: string, at: string, observe: boolean, before: readonly NewEvent[] = []): NewEvent[] {
+  const events: NewEvent[] = [...before, event("control_handled", s.id, identity.control(s.id, note.id), at, { note_id: note.id, role: note.role!, outcome, detail })];
+  if (observe) {
+    const obs: Observation = { id: observationId.control(note.id), source: "control", kind: `${note.role}_${outcome}`, at, payload: { note_id: note.id, outcome, detail } };
+    events.push(event("inbox_received", s.id, identity.inbox(s.id, obs.id), at, { observation: obs }));
+  }
+  return events;
+}
+
+/** The events that record a fired timer and deliver its observation. */
+export function timerFiredEvents(s: SessionProjection, t: TimerRecord, now: number, at: string): NewEvent[] {
+  const late = Math.max(0, now - Date.parse(t.due_at));
+  const obs: Observation = {
+    id: observationId.timer(t.timer_id),
+    source: "timer",
+    kind: "timer_fired",
+    at,
+    payload: { timer_id: t.timer_id, due_at: t.due_at, late_ms: late, cell_id: t.cell_id, note: t.note },
+  };
+  return [
+    event("timer_fired", s.id, identity.timerFired(s.id, t.timer_id), at, { timer_id: t.timer_id, due_at: t.due_at, late_ms: late }),
+    event("inbox_received", s.id, identity.inbox(s.id, obs.id), at, { observation: obs }),
+  ];
+}
+
+/**
+ * The events of an accepted patch: the patch, one `execution_queued` per new executable cell, and
+ * the idle rule: a patch that leaves nothing to wait for and decides nothing gets an `invalid_idle`
+ * observation, and `maxIdle` of them in a row end the run as a failure.
+ */
+export function acceptedEvents(s: SessionProjection, turn: string, attempt: number, patch: unknown, r: Receipt, maxIdle: number, at: string): NewEvent[] {
+  const events: NewEvent[] = [
+    event("patch_accepted", s.id, identity.patch(turn), at, {
+      turn,
+      attempt,
+      patch: toJson(patch),
+      revision: r.revision,
+      new_cell_ids: r.newCells.map((c) => c.id),
+      removed_ids: [...r.removedIds],
+      consumed: [...r.consumed],
+    }),
+  ];
+  for (const c of r.newCells) {
+    if (isExecutable(c)) events.push(event("execution_queued", s.id, identity.queued(s.id, c.id), at, { cell_id: c.id, kind: c.kind }));
+  }
+  if (isIdle(s, r)) {
+    const n = s.idle_total + 1;
+    const obs: Observation = {
+      id: observationId.idle(n),
+      source: "idle",
+      kind: "invalid_idle",
+      at,
+      payload: {
+        message: "Your last patch left no work, no timer and nothing to wait for. Add a cell to run, or conclude with a conclusion note (success or failure).",
+        idle_streak: s.idle_streak + 1,
+        limit: maxIdle,
+      },
+    };
+    events.push(event("inbox_received", s.id, identity.inbox(s.id, obs.id), at, { observation: obs }));
+    if (s.idle_streak + 1 >= maxIdle) {
+      events.push(event("run_ended", s.id, identity.terminal(s.id), at, { result: "failure", reason: `the model made ${maxIdle} idle decisions in a row` }));
+    }
+  }
+  return events;
+}
+
+/** An accepted patch is idle when it adds no control note or work, and nothing runs, waits or is unread. */
+export function isIdle(s: SessionProjection, r: Receipt): boolean {
+  const controls = r.newCells.some((c) => c.kind === "note" && c.role !== undefined);
+  const work = r.newCells.some(isExecutable) || [...s.executions.values()].some((e) => e.phase !== "finished");
+  const timers = [...s.timers.values()].some((t) => !t.fired);
+  return !controls && !work && !timers && s.pending.length === 0;
+}
+
+/** A model's patch as stored: plain JSON (undefined and functions dropped), so it reads back equal. */
+export function toJson(value: unknown): unknown {
+  return value === undefined ? null : JSON.parse(JSON.stringify(value));
+}
