@@ -9,6 +9,7 @@ import type { Model } from "../model/contract.js";
 import type { Metrics } from "../observability/metrics.js";
 import type { HarnessLimits } from "./options.js";
 import type { HarnessWorld, TimerFunctions } from "./world.js";
+import { realTimers } from "./world.js";
 
 /**
  * Boundaries where a test can stop the world (DBOS's debugpoint idea): the chaos suite SIGKILLs the
@@ -51,4 +52,41 @@ export interface HarnessCore {
   failed(session: string, err: unknown): void;
   /** Resolves after `ms`, or early (false) when the harness stops. */
   sleep(ms: number): Promise<boolean>;
+}
+
+/** What the owner of a database (the Harness) gives its drivers besides its configuration. */
+export interface CoreOwner {
+  commit(events: readonly NewEvent[]): Promise<readonly LogEvent[]>;
+  session(id: string): SessionProjection | undefined;
+  headSeq(): number;
+  stopping(): boolean;
+  failed(session: string, err: unknown): void;
+  sleep(ms: number): Promise<boolean>;
+  /** The timer socket's path, while it listens. */
+  timerSocket(): string | null;
+}
+
+/** The HarnessCore of database `name`, with `owner` behind its commit path and status. */
+export function createCore(
+  config: Pick<HarnessCore, "name" | "world" | "model" | "limits" | "logger" | "metrics" | "faults" | "scriptDir">,
+  owner: CoreOwner,
+): HarnessCore {
+  const { name, world } = config;
+  return {
+    ...config,
+    timers: world.timers ?? realTimers,
+    cellEnv: (session, cell) => {
+      const env: Record<string, string> = { CAIRN_DB: name, CAIRN_SESSION: session, CAIRN_CELL: String(cell) };
+      const socket = owner.timerSocket();
+      if (socket !== null) env.CAIRN_TIMER_SOCKET = socket;
+      return env;
+    },
+    commit: (events) => owner.commit(events),
+    session: (id) => owner.session(id),
+    headSeq: () => owner.headSeq(),
+    nowIso: () => new Date(world.clock.now()).toISOString(),
+    stopping: () => owner.stopping(),
+    failed: (session, err) => owner.failed(session, err),
+    sleep: (ms) => owner.sleep(ms),
+  };
 }

@@ -15,10 +15,9 @@ import { join } from "node:path";
 import { performance } from "node:perf_hooks";
 import pino, { type Logger } from "pino";
 import type { Admission } from "../state/admission.js";
-import { admit } from "../state/admission.js";
-import type { Budgets, LogEvent, NewEvent } from "../state/events.js";
-import { event, identity, parseLogEvent } from "../state/events.js";
-import { admissionContext } from "../state/outcomes.js";
+import type { LogEvent, NewEvent } from "../state/events.js";
+import { parseLogEvent } from "../state/events.js";
+import { sessionCreated } from "../state/outcomes.js";
 import type { SessionProjection } from "../state/projection.js";
 import { Reducer } from "../state/reducer.js";
 import type { Database, DatabaseSignal, Storage } from "../storage/contract.js";
@@ -27,67 +26,36 @@ import { CairnError, ConfigError, hasCode } from "../errors.js";
 import type { Model } from "../model/contract.js";
 import { reportGauges } from "../observability/gauges.js";
 import type { Metrics } from "../observability/metrics.js";
-import type { HarnessCore, HarnessFaults } from "./core.js";
+import { createCore, type HarnessCore, type HarnessFaults } from "./core.js";
 import type { Inspection } from "./inspect.js";
 import { summarize } from "./inspect.js";
-import { MailboxDelivery, postObservation, type DeliveryHost } from "./mailbox.js";
+import { MailboxDelivery, postObservation } from "./mailbox.js";
 import type { OutsideObservation } from "./observations.js";
 import { defaultLimits, type HarnessLimits } from "./options.js";
-import { SessionDriver } from "./session.js";
+import { resubmit } from "./round.js";
+import { SessionDrivers } from "./session.js";
 import { startTimerServer, timerSocketPath } from "./timer-server.js";
-import { registerTimer } from "./timers.js";
-import { defaultWorld, realTimers, type HarnessWorld } from "./world.js";
+import { registerTimer, Sleeper } from "./timers.js";
+import { defaultWorld, type HarnessWorld } from "./world.js";
+import type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
+import { Listeners } from "./listeners.js";
 
-export interface HarnessOpenOptions {
-  readonly storage: Storage;
-  /** The database name, e.g. `harness-1`. */
-  readonly name: string;
-  readonly model: Model;
-  /** Where script files and the timer socket live (default: a `cairn` folder in the OS temp dir). */
-  readonly workDir?: string;
-  /** Create the database when missing (default true). `cairn resume` passes false. */
-  readonly create?: boolean;
-  readonly world?: HarnessWorld;
-  readonly logger?: Logger;
-  readonly metrics?: Metrics;
-  readonly limits?: Partial<HarnessLimits>;
-  /** Test-only fault points (see HarnessFaults). */
-  readonly faults?: HarnessFaults;
-}
-
-export interface StartOptions {
-  readonly goal: string;
-  /** The working directory cells and validators run in. */
-  readonly cwd: string;
-  /** Each validator is an argv run in `cwd` before a `success` conclusion is accepted. */
-  readonly validators?: readonly (readonly string[])[];
-  readonly budgets?: Budgets;
-}
-
-export interface RunOutcome {
-  readonly session: string;
-  readonly result: "success" | "failure";
-  readonly reason: string;
-}
-
-export type HarnessStatus = "open" | "fenced" | "poisoned" | "closed";
+export type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
 
 export class Harness {
   private readonly reducer = new Reducer();
-  private readonly drivers = new Map<string, SessionDriver>();
-  private readonly followers = new Set<(events: readonly LogEvent[]) => void>();
-  private readonly stopListeners = new Set<(status: HarnessStatus, error: CairnError | null) => void>();
+  private readonly drivers: SessionDrivers;
   private chain: Promise<unknown> = Promise.resolve();
   private statusValue: HarnessStatus = "open";
   private stopError: CairnError | null = null;
   private unwatch: (() => void) | null = null;
   private timerServer: { path: string; close(): Promise<void> } | null = null;
   private readonly mailbox: MailboxDelivery;
-  private readonly sleepers = new Set<() => void>();
+  private readonly sleeper: Sleeper;
   private sessionsAllocated = 0;
   private closing: Promise<void> | null = null;
   private resuming: Promise<{ sessions: string[]; recovered: number }> | null = null;
-  private readonly failureListeners = new Set<(session: string, err: unknown) => void>();
+  private readonly listeners: Listeners;
   private readonly core: HarnessCore;
 
   private constructor(
@@ -104,41 +72,22 @@ export class Harness {
   ) {
     const scriptDir = join(workDir, "scripts", name);
     mkdirSync(scriptDir, { recursive: true, mode: 0o700 });
-    this.core = {
-      name,
-      world,
-      model,
-      limits,
-      logger,
-      metrics,
-      faults,
-      timers: world.timers ?? realTimers,
-      scriptDir,
-      cellEnv: (session, cell) => {
-        const env: Record<string, string> = { CAIRN_DB: name, CAIRN_SESSION: session, CAIRN_CELL: String(cell) };
-        if (this.timerServer !== null) env.CAIRN_TIMER_SOCKET = this.timerServer.path;
-        return env;
+    this.core = createCore(
+      { name, world, model, limits, logger, metrics, faults, scriptDir },
+      {
+        commit: (events) => this.commit(events),
+        session: (id) => this.reducer.session(id),
+        headSeq: () => this.reducer.headSeq,
+        stopping: () => this.statusValue !== "open",
+        failed: (session, err) => this.listeners.failed(session, err),
+        sleep: (ms) => this.sleeper.sleep(ms),
+        timerSocket: () => this.timerServer?.path ?? null,
       },
-      commit: (events) => this.commit(events),
-      session: (id) => this.reducer.session(id),
-      headSeq: () => this.reducer.headSeq,
-      nowIso: () => new Date(world.clock.now()).toISOString(),
-      stopping: () => this.statusValue !== "open",
-      failed: (session, err) => {
-        for (const f of this.failureListeners) f(session, err);
-      },
-      sleep: (ms) => this.sleep(ms),
-    };
-    const host: DeliveryHost = {
-      name,
-      logger,
-      inboxLimit: limits.inboxLimit,
-      session: (id) => this.reducer.session(id),
-      commit: (events) => this.commit(events),
-      nowIso: () => this.core.nowIso(),
-      open: () => this.statusValue === "open",
-    };
-    this.mailbox = new MailboxDelivery(host, db);
+    );
+    this.listeners = new Listeners(logger);
+    this.drivers = new SessionDrivers(this.core);
+    this.sleeper = new Sleeper(this.core.timers, () => this.statusValue === "open");
+    this.mailbox = new MailboxDelivery(this.core, db);
   }
 
   /**
@@ -206,16 +155,9 @@ export class Harness {
     // Allocated synchronously: concurrent start() calls never pick the same id.
     const id = `s${Math.max(this.reducer.projection().order.length, this.sessionsAllocated) + 1}`;
     this.sessionsAllocated = Number(id.slice(1));
-    await this.commit([
-      event("session_created", id, identity.session(id), this.core.nowIso(), {
-        goal: options.goal,
-        cwd: options.cwd,
-        validators: (options.validators ?? []).map((v) => [...v]),
-        budgets: options.budgets ?? {},
-      }),
-    ]);
+    await this.commit([sessionCreated(id, options, this.core.nowIso())]);
     this.metrics?.runStarted();
-    this.driver(id).wake();
+    this.drivers.of(id).wake();
     return id;
   }
 
@@ -226,19 +168,13 @@ export class Harness {
    */
   resume(): Promise<{ sessions: string[]; recovered: number }> {
     this.assertOpen();
-    if (this.resuming === null) {
-      this.resuming = this.resumeOnce().finally(() => {
-        this.resuming = null;
-      });
-    }
+    this.resuming ??= this.resumeOnce().finally(() => (this.resuming = null));
     return this.resuming;
   }
 
   private async resumeOnce(): Promise<{ sessions: string[]; recovered: number }> {
     const unfinished = this.reducer.projection().order.filter((id) => this.reducer.session(id)!.terminal === null);
-    let recovered = 0;
-    for (const id of unfinished) recovered += await this.driver(id).recover();
-    for (const id of unfinished) this.driver(id).wake();
+    const recovered = await this.drivers.resume(unfinished);
     this.metrics?.resumed();
     this.logger.info({ sessions: unfinished, recovered }, "resumed");
     return { sessions: unfinished, recovered };
@@ -252,7 +188,7 @@ export class Harness {
    */
   async post(session: string, observation: OutsideObservation): Promise<{ duplicate: boolean }> {
     this.assertOpen();
-    return postObservation(this.mailbox.host, session, observation);
+    return postObservation(this.core, session, observation);
   }
 
   /**
@@ -263,12 +199,7 @@ export class Harness {
    */
   async submit(session: string, turn: string, patch: unknown): Promise<Admission> {
     this.assertOpen();
-    const s = this.reducer.session(session);
-    if (s === undefined) throw new ConfigError(`session "${session}" does not exist in database "${this.name}".`);
-    if (s.turns.get(turn)?.accepted == null) {
-      throw new ConfigError(`round ${turn} of session ${session} has not been accepted; the round loop admits open rounds, and only accepted rounds can be re-submitted.`);
-    }
-    return admit(admissionContext(s, this.reducer.headSeq), patch, turn);
+    return resubmit(this.core, session, turn, patch);
   }
 
   /** A plain-JSON summary of every session (or one). */
@@ -278,14 +209,12 @@ export class Harness {
 
   /** Calls `listener` with each committed batch, in order, after it is folded. Returns an unsubscribe. */
   follow(listener: (events: readonly LogEvent[]) => void): () => void {
-    this.followers.add(listener);
-    return () => this.followers.delete(listener);
+    return this.listeners.follow(listener);
   }
 
   /** Calls `listener` once the harness stops being the owner (fenced), is poisoned, or closes. */
   onStop(listener: (status: HarnessStatus, error: CairnError | null) => void): () => void {
-    this.stopListeners.add(listener);
-    return () => this.stopListeners.delete(listener);
+    return this.listeners.onStop(listener);
   }
 
   /**
@@ -293,45 +222,20 @@ export class Harness {
    * fenced, StorageFailure when poisoned) if it stops first.
    */
   wait(session: string): Promise<RunOutcome> {
-    return new Promise((resolve, reject) => {
-      const check = (): boolean => {
-        const s = this.reducer.session(session);
-        if (s?.terminal) {
-          cleanup();
-          resolve({ session, result: s.terminal.result, reason: s.terminal.reason });
-          return true;
-        }
-        if (this.statusValue !== "open") {
-          cleanup();
-          reject(this.stopError ?? new CairnError("internal", `the harness for "${this.name}" was closed before session ${session} ended`));
-          return true;
-        }
-        const d = this.drivers.get(session);
-        if (d?.error) {
-          cleanup();
-          reject(d.error);
-          return true;
-        }
-        return false;
-      };
-      const unfollow = this.follow(() => void check());
-      const unstop = this.onStop(() => void check());
-      const onFail = (s: string) => {
-        if (s === session) check();
-      };
-      this.failureListeners.add(onFail);
-      const cleanup = () => {
-        unfollow();
-        unstop();
-        this.failureListeners.delete(onFail);
-      };
-      check();
+    return this.listeners.until(session, () => {
+      const s = this.reducer.session(session);
+      if (s?.terminal) return { ok: true, value: { session, result: s.terminal.result, reason: s.terminal.reason } };
+      if (this.statusValue !== "open") {
+        return { ok: false, error: this.stopError ?? new CairnError("internal", `the harness for "${this.name}" was closed before session ${session} ended`) };
+      }
+      const error = this.drivers.error(session);
+      return error ? { ok: false, error } : null;
     });
   }
 
   /** Resolves when no driver has anything in flight (tests and shutdown use it). */
   async settled(): Promise<void> {
-    await Promise.all([...this.drivers.values()].map((d) => d.settled()));
+    await this.drivers.settled();
   }
 
   /**
@@ -354,15 +258,6 @@ export class Harness {
   }
 
   // ---- internals -------------------------------------------------------------------------------
-
-  private driver(id: string): SessionDriver {
-    let d = this.drivers.get(id);
-    if (d === undefined) {
-      d = new SessionDriver(this.core, id);
-      this.drivers.set(id, d);
-    }
-    return d;
-  }
 
   private assertOpen(): void {
     if (this.statusValue === "open") return;
@@ -398,18 +293,12 @@ export class Harness {
   }
 
   private afterCommit(logged: readonly LogEvent[]): void {
-    for (const f of this.followers) {
-      try {
-        f(logged);
-      } catch (err) {
-        this.logger.error({ err }, "an event follower threw");
-      }
-    }
+    this.listeners.committed(logged);
     const sessions = new Set(logged.map((e) => e.session));
     let consumed = false;
     for (const e of logged) if (e.kind === "patch_accepted") consumed = true;
     if (consumed) void this.mailbox.drain();
-    for (const id of sessions) this.drivers.get(id)?.wake();
+    this.drivers.wake(sessions);
     this.reportGauges();
     this.metrics?.lastProgress(this.core.world.clock.now() / 1000);
     for (const e of logged) if (e.kind === "run_ended") this.metrics?.runEnded(e.body.result);
@@ -451,37 +340,16 @@ export class Harness {
   }
 
   private emitStop(): void {
-    for (const f of this.stopListeners) {
-      try {
-        f(this.statusValue, this.stopError);
-      } catch (err) {
-        this.logger.error({ err }, "a stop listener threw");
-      }
-    }
+    this.listeners.stopped(this.statusValue, this.stopError);
   }
 
   private async shutdown(reason: "shutdown" | "fenced" | "poisoned"): Promise<void> {
-    for (const wake of this.sleepers) wake();
-    this.sleepers.clear();
+    this.sleeper.wakeAll();
     this.unwatch?.();
     this.unwatch = null;
-    await Promise.all([...this.drivers.values()].map((d) => d.stop(reason === "shutdown" ? "shutdown" : "fenced")));
+    await this.drivers.stop(reason === "shutdown" ? "shutdown" : "fenced");
     await this.timerServer?.close().catch(() => undefined);
     this.timerServer = null;
-  }
-
-  private sleep(ms: number): Promise<boolean> {
-    if (this.statusValue !== "open") return Promise.resolve(false);
-    return new Promise((resolve) => {
-      const timers = this.core.timers;
-      const done = () => {
-        timers.clearTimeout(t);
-        this.sleepers.delete(done);
-        resolve(this.statusValue === "open");
-      };
-      const t = timers.setTimeout(done, ms);
-      this.sleepers.add(done);
-    });
   }
 
   /** Sets every gauge from the projection and the storage's stats (serve calls it on each scrape). */

@@ -3,27 +3,15 @@
  * mailbox (other processes, `cairn post`), judged by checkOutsideObservation, delivered by one
  * `inbox_received` commit each. Redelivery is a no-op (the observation id is the identity).
  */
-import type { LogEvent, NewEvent } from "../state/events.js";
 import { event, identity } from "../state/events.js";
-import type { SessionProjection } from "../state/projection.js";
 import type { Database } from "../storage/contract.js";
 import { StorageRejected } from "../storage/errors.js";
 import { ConfigError } from "../errors.js";
-import type { Logger } from "pino";
+import type { HarnessCore } from "./core.js";
 import { checkOutsideObservation, OutsideObservation, outsideToObservation } from "./observations.js";
 
-export interface DeliveryHost {
-  readonly name: string;
-  readonly logger: Logger;
-  readonly inboxLimit: number;
-  session(id: string): SessionProjection | undefined;
-  commit(events: readonly NewEvent[]): Promise<readonly LogEvent[]>;
-  nowIso(): string;
-  open(): boolean;
-}
-
 /** Delivers `observation` to `session`'s inbox (see Harness.post for the rules). */
-export async function postObservation(host: DeliveryHost, session: string, observation: OutsideObservation): Promise<{ duplicate: boolean }> {
+export async function postObservation(host: HarnessCore, session: string, observation: OutsideObservation): Promise<{ duplicate: boolean }> {
   let parsed: ReturnType<typeof OutsideObservation.safeParse>;
   try {
     parsed = OutsideObservation.safeParse(observation);
@@ -34,7 +22,7 @@ export async function postObservation(host: DeliveryHost, session: string, obser
   if (!parsed.success) throw new ConfigError(`bad observation: ${parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ")}`);
   const s = host.session(session);
   if (s === undefined) throw new ConfigError(`session "${session}" does not exist in database "${host.name}".`);
-  const check = checkOutsideObservation(s, parsed.data, host.inboxLimit);
+  const check = checkOutsideObservation(s, parsed.data, host.limits.inboxLimit);
   if (!check.ok) {
     if (check.reason === "inbox_full") throw new StorageRejected("backlog_full", check.message);
     throw new StorageRejected(check.reason === "conflict" ? "conflict" : "invalid", check.message);
@@ -60,7 +48,7 @@ export class MailboxDelivery {
   private again = false;
 
   constructor(
-    readonly host: DeliveryHost,
+    private readonly host: HarnessCore,
     private readonly db: Database,
   ) {}
 
@@ -73,11 +61,11 @@ export class MailboxDelivery {
     try {
       do {
         this.again = false;
-        if (!this.host.open()) return;
+        if (this.host.stopping()) return;
         await this.drainOnce();
       } while (this.again);
     } catch (err) {
-      if (this.host.open()) this.host.logger.error({ err }, "could not drain the mailbox");
+      if (!this.host.stopping()) this.host.logger.error({ err }, "could not drain the mailbox");
     } finally {
       this.draining = false;
     }
@@ -101,7 +89,7 @@ export class MailboxDelivery {
         if (!leftBehind) ackTo = m.mseq;
         continue;
       }
-      const check = checkOutsideObservation(s, parsed.data, host.inboxLimit);
+      const check = checkOutsideObservation(s, parsed.data, host.limits.inboxLimit);
       if (!check.ok && check.reason === "inbox_full") {
         // Leave it in the mailbox until that inbox drains; other sessions' messages go on. Only
         // messages before the first one left behind can be acknowledged; later ones are

@@ -9,7 +9,9 @@ import { event, identity } from "../state/events.js";
 import { nextAttempt } from "../state/next-step.js";
 import type { NextStep } from "../state/next-step.js";
 import { acceptedEvents, admissionContext, toJson } from "../state/outcomes.js";
-import { hasCode } from "../errors.js";
+import type { Admission } from "../state/admission.js";
+import { ConfigError, hasCode } from "../errors.js";
+import type { HarnessCore } from "./core.js";
 import type { SessionContext } from "./session.js";
 
 type Usage = { input_tokens: number; output_tokens: number };
@@ -132,4 +134,18 @@ async function admitPatch(ctx: SessionContext, turn: string, attempt: number, pa
   core.logger.info({ session: id, turn, revision: r.revision, new_cells: r.newCells.map((c) => c.id) }, "patch accepted");
   await core.faults?.("patch:committed", { session: id, turn });
   return true;
+}
+
+/**
+ * Judges a re-submitted patch for round `turn`, already accepted: the same patch is a replay (the
+ * original receipt), another is `round_conflict`. Commits nothing. Throws a ConfigError for an
+ * unknown session or a round not accepted yet (the round loop admits open rounds).
+ */
+export function resubmit(core: HarnessCore, session: string, turn: string, patch: unknown): Admission {
+  const s = core.session(session);
+  if (s === undefined) throw new ConfigError(`session "${session}" does not exist in database "${core.name}".`);
+  if (s.turns.get(turn)?.accepted == null) {
+    throw new ConfigError(`round ${turn} of session ${session} has not been accepted; the round loop admits open rounds, and only accepted rounds can be re-submitted.`);
+  }
+  return admit(admissionContext(s, core.headSeq()), patch, turn);
 }

@@ -185,3 +185,47 @@ function describe(step: Exclude<NextStep, { kind: "ended" | "wait" }>): string {
       return `round:${step.turn}`;
   }
 }
+
+/** The drivers of one harness, one per session, made on first use. */
+export class SessionDrivers {
+  private readonly drivers = new Map<string, SessionDriver>();
+
+  constructor(private readonly core: HarnessCore) {}
+
+  /** The driver of `id`, made if needed. */
+  of(id: string): SessionDriver {
+    let d = this.drivers.get(id);
+    if (d === undefined) {
+      d = new SessionDriver(this.core, id);
+      this.drivers.set(id, d);
+    }
+    return d;
+  }
+
+  /** The error that stopped `id`'s driver, if it has one and it stopped. */
+  error(id: string): unknown {
+    return this.drivers.get(id)?.error ?? null;
+  }
+
+  /** Wakes the drivers that exist among `ids` (a commit touched their sessions). */
+  wake(ids: Iterable<string>): void {
+    for (const id of ids) this.drivers.get(id)?.wake();
+  }
+
+  /** Recovers every session in `ids`, then wakes each. Resolves with the number of executions recovered. */
+  async resume(ids: readonly string[]): Promise<number> {
+    let recovered = 0;
+    for (const id of ids) recovered += await this.of(id).recover();
+    for (const id of ids) this.of(id).wake();
+    return recovered;
+  }
+
+  /** Resolves when no driver has anything in flight. */
+  async settled(): Promise<void> {
+    await Promise.all([...this.drivers.values()].map((d) => d.settled()));
+  }
+
+  async stop(reason: "shutdown" | "fenced"): Promise<void> {
+    await Promise.all([...this.drivers.values()].map((d) => d.stop(reason)));
+  }
+}

@@ -133,3 +133,33 @@ export async function registerTimer(core: HarnessCore, req: TimerRequest): Promi
   ]);
   return { ok: true, timer_id: req.timer_id, due_at: dueAt };
 }
+
+/** Sleeps that end early (false) when the harness stops: the model round's back-off. */
+export class Sleeper {
+  private readonly sleepers = new Set<() => void>();
+
+  constructor(
+    private readonly fns: TimerFunctions,
+    private readonly open: () => boolean,
+  ) {}
+
+  /** Resolves after `ms` with true, or at once with false when the harness stops. */
+  sleep(ms: number): Promise<boolean> {
+    if (!this.open()) return Promise.resolve(false);
+    return new Promise((resolve) => {
+      const done = () => {
+        this.fns.clearTimeout(t);
+        this.sleepers.delete(done);
+        resolve(this.open());
+      };
+      const t = this.fns.setTimeout(done, ms);
+      this.sleepers.add(done);
+    });
+  }
+
+  /** Ends every sleep now. */
+  wakeAll(): void {
+    for (const wake of [...this.sleepers]) wake();
+    this.sleepers.clear();
+  }
+}

@@ -196,3 +196,12 @@ export function isIdle(s: SessionProjection, r: Receipt): boolean {
 export function toJson(value: unknown): unknown {
   return value === undefined ? null : JSON.parse(JSON.stringify(value));
 }
+
+/** The event that begins a run toward `goal`; the goal, cwd, validators and budgets are fixed for its life. */
+export function sessionCreated(
+  id: string,
+  o: { readonly goal: string; readonly cwd: string; readonly validators?: readonly (readonly string[])[]; readonly budgets?: EventBody<"session_created">["budgets"] },
+  at: string,
+): NewEvent {
+  return event("session_created", id, identity.session(id), at, { goal: o.goal, cwd: o.cwd, validators: (o.validators ?? []).map((v) => [...v]), budgets: o.budgets ?? {} });
+}

@@ -1,0 +1,45 @@
+/**
+ * The Harness's options and answers.
+ */
+import type { Logger } from "pino";
+import type { Budgets } from "../state/events.js";
+import type { Storage } from "../storage/contract.js";
+import type { Model } from "../model/contract.js";
+import type { Metrics } from "../observability/metrics.js";
+import type { HarnessFaults } from "./core.js";
+import type { HarnessLimits } from "./options.js";
+import type { HarnessWorld } from "./world.js";
+
+export interface HarnessOpenOptions {
+  readonly storage: Storage;
+  /** The database name, e.g. `harness-1`. */
+  readonly name: string;
+  readonly model: Model;
+  /** Where script files and the timer socket live (default: a `cairn` folder in the OS temp dir). */
+  readonly workDir?: string;
+  /** Create the database when missing (default true). `cairn resume` passes false. */
+  readonly create?: boolean;
+  readonly world?: HarnessWorld;
+  readonly logger?: Logger;
+  readonly metrics?: Metrics;
+  readonly limits?: Partial<HarnessLimits>;
+  /** Test-only fault points (see HarnessFaults). */
+  readonly faults?: HarnessFaults;
+}
+
+export interface StartOptions {
+  readonly goal: string;
+  /** The working directory cells and validators run in. */
+  readonly cwd: string;
+  /** Each validator is an argv run in `cwd` before a `success` conclusion is accepted. */
+  readonly validators?: readonly (readonly string[])[];
+  readonly budgets?: Budgets;
+}
+
+export interface RunOutcome {
+  readonly session: string;
+  readonly result: "success" | "failure";
+  readonly reason: string;
+}
+
+export type HarnessStatus = "open" | "fenced" | "poisoned" | "closed";
