@@ -1,6 +1,8 @@
 /**
- * The Storage contract (ARCHITECTURE.md section 5): one narrow interface, three adapters (memory,
- * sqlite, replicated), one conformance suite (`test/conformance/`).
+ * The Storage contract (ARCHITECTURE.md section 5): one narrow interface, adapters behind it (memory,
+ * sqlite and replicated in this repository; others outside it), the rules they share in
+ * `semantics.ts` and `handle.ts`, and one conformance suite (`conformance/`, exported as
+ * `cairn/storage/conformance`) that every adapter runs.
  *
  * Ownership: `Storage.open(name)` claims the database. The last opener wins: every earlier handle is
  * fenced, and its next call (commit, read, drain, ack) throws `ResetError {action: "stop", reason:
@@ -13,7 +15,11 @@
  */
 import type { LogEvent, NewEvent } from "../state/events.js";
 
-export type AdapterName = "memory" | "sqlite" | "replicated";
+/**
+ * The name an adapter declares for itself ("memory", "sqlite", "replicated", or any other adapter's
+ * own name): it labels metrics and logs. Adding an adapter never edits this contract.
+ */
+export type AdapterName = string;
 
 /** What a resolved commit returns: the sequence numbers the batch received, in order. */
 export interface CommitReceipt {

@@ -13,7 +13,7 @@ import { ConfigError } from "../../src/errors.js";
 import type { LogEvent } from "../../src/state/events.js";
 import type { Database, MailboxMessage, OpenOptions, Reader, Storage } from "../../src/storage/contract.js";
 import { DatabaseNotFound, ResetError } from "../../src/storage/errors.js";
-import { checkRange, isValidDatabaseName } from "../memory/semantics.js";
+import { checkRange, isValidDatabaseName } from "../../src/storage/semantics.js";
 import { readEpochHead, readFromCluster } from "./cluster-log.js";
 import { Context } from "./context.js";
 import type { ReplicatedDatabase } from "./database.js";
