@@ -145,5 +145,17 @@ export interface Storage {
 export type FaultPoint = "commit:before" | "commit:after-durable";
 export type FaultHook = (point: FaultPoint) => void | Promise<void>;
 
-/** Limits every adapter enforces the same way. */
+/** Limits every adapter enforces the same way: a mailbox holds at most this many unacknowledged messages. */
 export const MAILBOX_LIMIT = 1000;
+
+/**
+ * What every adapter must accept in ONE commit, because the harness relies on it (an adapter may
+ * accept more): `outputEvents` execution_output events of `outputEventChars` characters each (any
+ * characters, so up to 6 bytes each once JSON-escaped), and a model_response or patch_accepted
+ * event whose patch is `patchJsonChars` characters of JSON. The conformance suite commits exactly these.
+ */
+export const COMMIT_FLOOR = {
+  outputEvents: 8,
+  outputEventChars: 16 * 1024,
+  patchJsonChars: 512 * 1024,
+} as const;
