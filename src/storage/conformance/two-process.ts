@@ -9,7 +9,7 @@ import { extname } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import type { CommitReceipt } from "../contract.js";
-import { inbox, isFenced, message } from "./fixtures.js";
+import { inbox, message } from "./fixtures.js";
 import type { CaseContext, ConformanceCase } from "./types.js";
 
 type Line = Record<string, unknown>;
