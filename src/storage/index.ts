@@ -8,3 +8,4 @@ export * from "./contract.js";
 export * from "./errors.js";
 export * from "./handle.js";
 export * from "./semantics.js";
+export type { LogEvent, NewEvent } from "../state/events.js";
