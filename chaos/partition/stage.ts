@@ -75,6 +75,14 @@ function makeTraversable(dir: string): void {
  */
 export function stageForOtherUser(repo: string, entry: string, dest: string): string {
   repo = resolve(repo);
+  // Every existing directory from / down to dest must be traversable by the other user.
+  for (let dir = dirname(resolve(dest)); dirname(dir) !== dir; dir = dirname(dir)) {
+    if (!existsSync(dir)) continue;
+    const mode = statSync(dir).mode;
+    if ((mode & 0o001) === 0) {
+      throw new Error(`the owner runs as another user, who cannot reach ${dest} because ${dir} is mode ${(mode & 0o777).toString(8)}; set TMPDIR to a directory every user can traverse.`);
+    }
+  }
   const files = new Set<string>();
   const packages = new Set<string>(["tsx"]);
   const pending = [resolve(entry)];
@@ -112,12 +120,5 @@ export function stageForOtherUser(repo: string, entry: string, dest: string): st
     for (const dep of Object.keys({ ...pkg.dependencies, ...pkg.optionalDependencies })) queue.push({ name: dep, from: dir });
   }
   makeTraversable(dest);
-  // Every directory from / down to dest must be traversable by the other user.
-  for (let dir = resolve(dest); dirname(dir) !== dir; dir = dirname(dir)) {
-    const mode = statSync(dir).mode;
-    if ((mode & 0o001) === 0) {
-      throw new Error(`the owner runs as another user, who cannot reach ${dest}: ${dir} is mode ${(mode & 0o777).toString(8)}; set TMPDIR to a directory every user can traverse.`);
-    }
-  }
   return join(dest, relative(repo, resolve(entry)));
 }
