@@ -28,7 +28,7 @@ import type { Storage } from "../src/storage/contract.js";
 import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { firewallUnavailable, partition, type CutMode, type Partition } from "./partition/firewall.js";
-import { startOwner, userIds, type OwnerLine, type OwnerProcess } from "./partition/owner-process.js";
+import { stageOwner, startOwner, userIds, type OwnerLine, type OwnerProcess, type StagedOwner } from "./partition/owner-process.js";
 import { OWNER_SESSION } from "./partition/protocol.js";
 
 const AT = "2025-01-02T03:04:05.678Z";
@@ -80,6 +80,7 @@ describe("partition: an owner cut off from the etcd cluster is fenced by the nex
   let root = "";
   let cluster: DevCluster | null = null;
   let fw: Partition | null = null;
+  let staged: StagedOwner | null = null;
   const owners: OwnerProcess[] = [];
   const storages: Storage[] = [];
   const dispose = () => fw?.dispose();
@@ -87,6 +88,7 @@ describe("partition: an owner cut off from the etcd cluster is fenced by the nex
   before(async () => {
     root = mkdtempSync(join(tmpdir(), "cairn-partition-"));
     chmodSync(root, 0o711); // nobody must reach its home below
+    staged = stageOwner(join(root, "app")); // nobody may not read this checkout (a private home)
     cluster = await startDevCluster({ dir: join(root, "etcd") });
     const ports = cluster.endpoints.map((u) => Number(new URL(u).port));
     process.once("exit", dispose);
@@ -109,7 +111,7 @@ describe("partition: an owner cut off from the etcd cluster is fenced by the nex
     const cut = fw!;
     const home = join(root, `A-${db}`);
     mkdirSync(home, { recursive: true });
-    const a = startOwner(userIds("nobody"), home, { endpoints: c.endpoints, dataDir: join(home, "data"), db, workers: 3, pauseMs: 20, commitTimeoutMs: A_COMMIT_TIMEOUT_MS });
+    const a = startOwner(userIds("nobody"), home, { endpoints: c.endpoints, dataDir: join(home, "data"), db, workers: 3, pauseMs: 20, commitTimeoutMs: A_COMMIT_TIMEOUT_MS }, staged!);
     owners.push(a);
     const diag = () => `\nA's last lines:\n${a.lines.filter((l) => l.t !== "stats").slice(-12).map((l) => JSON.stringify(l)).join("\n")}\nA's stats: ${JSON.stringify(lastStats(a.lines))}\nA's stderr:\n${a.stderr().slice(-2000)}`;
     const wait = <T>(what: string, check: (ls: readonly OwnerLine[]) => T | undefined, ms = 30_000) =>

@@ -1,19 +1,31 @@
 /**
  * Starts owner.ts as a child process running as an unprivileged uid, collects its JSON lines, and
  * stops it. The child gets its own HOME and TMPDIR (tsx keeps its cache under TMPDIR) owned by that
- * uid, and reads the repository (which must be world-readable) from its working directory.
+ * uid, and runs from a world-readable copy of what it needs (`stageOwner`, see stage.ts), so the
+ * checkout itself may be private.
  */
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { chownSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { OwnerConfig, OwnerLine } from "./protocol.js";
+import { stageForOtherUser } from "./stage.js";
 
 export type { OwnerLine } from "./protocol.js";
 
-
 const REPO = fileURLToPath(new URL("../../", import.meta.url));
 const OWNER = fileURLToPath(new URL("./owner.ts", import.meta.url));
+
+/** The owner's staged copy: its working directory and entry file. */
+export interface StagedOwner {
+  readonly root: string;
+  readonly entry: string;
+}
+
+/** Copies owner.ts and what it needs into `dest` (which the other user must be able to traverse to). */
+export function stageOwner(dest: string): StagedOwner {
+  return { root: dest, entry: stageForOtherUser(REPO, OWNER, dest) };
+}
 
 /** The uid and gid of user `name` (from `id`). */
 export function userIds(name: string): { uid: number; gid: number } {
@@ -37,14 +49,14 @@ export interface OwnerProcess {
   stop(graceMs?: number): Promise<void>;
 }
 
-/** Starts owner.ts as `user` with `config`; `home` is created and given to that user. */
-export function startOwner(user: { uid: number; gid: number }, home: string, config: OwnerConfig): OwnerProcess {
+/** Starts the staged owner.ts as `user` with `config`; `home` is created and given to that user. */
+export function startOwner(user: { uid: number; gid: number }, home: string, config: OwnerConfig, staged: StagedOwner): OwnerProcess {
   const tmp = join(home, "tmp");
   mkdirSync(tmp, { recursive: true });
   chownSync(home, user.uid, user.gid);
   chownSync(tmp, user.uid, user.gid);
-  const child: ChildProcess = spawn(process.execPath, ["--import", "tsx", OWNER, JSON.stringify(config)], {
-    cwd: REPO,
+  const child: ChildProcess = spawn(process.execPath, ["--import", "tsx", staged.entry, JSON.stringify(config)], {
+    cwd: staged.root,
     uid: user.uid,
     gid: user.gid,
     env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: home, TMPDIR: tmp, NODE_NO_WARNINGS: "1" },

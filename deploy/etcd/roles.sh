@@ -17,7 +17,7 @@ set -eu
 : "${CAIRN_DB:?database name}" "${CAIRN_DB_USER:?etcd user for it}" "${CAIRN_DB_PASSWORD:?its password}"
 export ETCDCTL_API=3
 
-# Only the adapter's database names (DATABASE_NAME in storage-adapters/memory/semantics.ts): any
+# Only the adapter's database names (DATABASE_NAME in src/storage/semantics.ts): any
 # other value would grant a prefix that no database uses.
 if ! printf '%s' "$CAIRN_DB" | grep -Eqx '[A-Za-z0-9][A-Za-z0-9._-]{0,127}' || [ "$(printf '%s' "$CAIRN_DB" | wc -l)" -ne 0 ]; then
   echo "roles.sh: CAIRN_DB=\"$CAIRN_DB\" is not a database name: 1 to 128 of A-Z a-z 0-9 . _ -, starting with a letter or digit" >&2

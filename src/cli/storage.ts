@@ -2,7 +2,8 @@
  * The one place that picks a concrete Storage adapter from flags and the environment.
  */
 import { resolve } from "node:path";
-import type { Storage } from "../storage/contract.js";
+import type { AdapterName, Storage } from "../storage/contract.js";
+import { isValidDatabaseName } from "../storage/semantics.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import type { Logger } from "pino";
@@ -29,17 +30,15 @@ export const STORAGE_HELP = `  --db NAME               the database (one per har
 
 export interface StorageChoice {
   readonly storage: Storage;
-  readonly adapter: "memory" | "sqlite" | "replicated";
+  readonly adapter: AdapterName;
   readonly dataDir: string;
   readonly describe: string;
 }
 
-const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
-
 export function dbName(p: Parsed, command: string): string {
   const db = str(p, "db");
   if (db === undefined || db === "") throw new UsageError(`cairn ${command}: --db is required (the database name, e.g. --db harness-1).`);
-  if (!NAME.test(db)) throw new UsageError(`cairn ${command}: --db "${db}" is not a valid name; use letters, digits, ".", "_" and "-" (at most 128, starting with a letter or digit).`);
+  if (!isValidDatabaseName(db)) throw new UsageError(`cairn ${command}: --db "${db}" is not a valid name; use letters, digits, ".", "_" and "-" (at most 128, starting with a letter or digit).`);
   return db;
 }
 
@@ -48,10 +47,12 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
   const kind = str(p, "storage") ?? "sqlite";
   const dataDir = resolve(str(p, "data-dir") ?? "./.cairn");
   if (kind === "memory") {
-    return { storage: createMemoryStorage(), adapter: "memory", dataDir, describe: "memory (nothing survives this process)" };
+    const storage = createMemoryStorage();
+    return { storage, adapter: storage.adapter, dataDir, describe: "memory (nothing survives this process)" };
   }
   if (kind === "sqlite") {
-    return { storage: createSqliteStorage({ dataDir }), adapter: "sqlite", dataDir, describe: `sqlite in ${dataDir}` };
+    const storage = createSqliteStorage({ dataDir });
+    return { storage, adapter: storage.adapter, dataDir, describe: `sqlite in ${dataDir}` };
   }
   if (kind === "replicated") {
     const endpoints = (str(p, "etcd") ?? env.CAIRN_ETCD_ENDPOINTS ?? "").split(",").map((s) => s.trim()).filter((s) => s !== "");
@@ -67,7 +68,7 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
       allowSmallCluster: flag(p, "allow-small-cluster"),
       ...(logger ? { logger } : {}),
     });
-    return { storage, adapter: "replicated", dataDir, describe: `replicated on etcd ${endpoints.join(",")} (cache in ${dataDir})` };
+    return { storage, adapter: storage.adapter, dataDir, describe: `replicated on etcd ${endpoints.join(",")} (cache in ${dataDir})` };
   }
   throw new UsageError(`cairn ${command}: --storage expects memory, sqlite or replicated, got "${kind}".`);
 }

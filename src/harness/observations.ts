@@ -3,6 +3,7 @@
  * and outside ones (posted through `Harness.post` or the storage mailbox).
  */
 import { z } from "zod";
+import { canonicalEqual } from "../state/canonical.js";
 import type { SessionProjection } from "../state/projection.js";
 import type { Observation } from "../state/schema.js";
 import { JsonValue, RESERVED_OBSERVATION_PREFIXES } from "../state/schema.js";
@@ -32,7 +33,7 @@ export function checkOutsideObservation(session: SessionProjection, obs: Outside
   }
   const existing = session.observations.get(obs.id);
   if (existing !== undefined) {
-    if (existing.kind === obs.kind && canonical(existing.payload) === canonical(obs.payload)) return { ok: true, duplicate: true };
+    if (existing.kind === obs.kind && canonicalEqual(existing.payload, obs.payload)) return { ok: true, duplicate: true };
     return { ok: false, reason: "conflict", message: `observation "${obs.id}" was already delivered to session ${session.id} with other content; use a new id for new content.` };
   }
   if (session.terminal !== null) {
@@ -46,19 +47,4 @@ export function checkOutsideObservation(session: SessionProjection, obs: Outside
 
 export function outsideToObservation(obs: OutsideObservation, at: string): Observation {
   return { id: obs.id, source: "external", kind: obs.kind, at, payload: obs.payload };
-}
-
-/** JSON with sorted keys: equal content gives equal text. */
-export function canonical(value: unknown): string {
-  return JSON.stringify(sortKeys(value));
-}
-
-function sortKeys(value: unknown): unknown {
-  if (Array.isArray(value)) return value.map(sortKeys);
-  if (value !== null && typeof value === "object") {
-    const out: Record<string, unknown> = {};
-    for (const k of Object.keys(value as Record<string, unknown>).sort()) out[k] = sortKeys((value as Record<string, unknown>)[k]);
-    return out;
-  }
-  return value;
 }

@@ -1,6 +1,8 @@
 /**
- * The Storage contract (ARCHITECTURE.md section 5): one narrow interface, three adapters (memory,
- * sqlite, replicated), one conformance suite (`test/conformance/`).
+ * The Storage contract (ARCHITECTURE.md section 5): one narrow interface, adapters behind it (memory,
+ * sqlite and replicated in this repository; others outside it), the rules they share in
+ * `semantics.ts` and `handle.ts`, and one conformance suite (`conformance/`, exported as
+ * `cairn/storage/conformance`) that every adapter runs.
  *
  * Ownership: `Storage.open(name)` claims the database. The last opener wins: every earlier handle is
  * fenced, and its next call (commit, read, drain, ack) throws `ResetError {action: "stop", reason:
@@ -13,7 +15,11 @@
  */
 import type { LogEvent, NewEvent } from "../state/events.js";
 
-export type AdapterName = "memory" | "sqlite" | "replicated";
+/**
+ * The name an adapter declares for itself ("memory", "sqlite", "replicated", or any other adapter's
+ * own name): it labels metrics and logs. Adding an adapter never edits this contract.
+ */
+export type AdapterName = string;
 
 /** What a resolved commit returns: the sequence numbers the batch received, in order. */
 export interface CommitReceipt {
@@ -139,5 +145,17 @@ export interface Storage {
 export type FaultPoint = "commit:before" | "commit:after-durable";
 export type FaultHook = (point: FaultPoint) => void | Promise<void>;
 
-/** Limits every adapter enforces the same way. */
+/** Limits every adapter enforces the same way: a mailbox holds at most this many unacknowledged messages. */
 export const MAILBOX_LIMIT = 1000;
+
+/**
+ * What every adapter must accept in ONE commit, because the harness relies on it (an adapter may
+ * accept more): `outputEvents` execution_output events of `outputEventChars` characters each (any
+ * characters, so up to 6 bytes each once JSON-escaped), and a model_response or patch_accepted
+ * event whose patch is `patchJsonChars` characters of JSON. The conformance suite commits exactly these.
+ */
+export const COMMIT_FLOOR = {
+  outputEvents: 8,
+  outputEventChars: 16 * 1024,
+  patchJsonChars: 512 * 1024,
+} as const;

@@ -1,7 +1,8 @@
 /**
  * The memory adapter: the reference semantics of the Storage contract (src/storage/contract.ts), in
  * one process. Databases live in the Storage object; a commit "resolves in memory" and the run is gone
- * with the process. Every other adapter must behave like this one (test/conformance/).
+ * with the process. Every other adapter must behave like this one (src/storage/conformance/). The
+ * rules every adapter shares live in src/storage/semantics.ts and src/storage/handle.ts.
  */
 import type { LogEvent, NewEvent } from "../../src/state/events.js";
 import {
@@ -17,8 +18,10 @@ import {
   type Reader,
   type Storage,
 } from "../../src/storage/contract.js";
-import { DatabaseNotFound, ResetError, StorageFailure, StorageRejected } from "../../src/storage/errors.js";
+import { DatabaseNotFound } from "../../src/storage/errors.js";
+import { closedHandle, guardHandle, Watchers } from "../../src/storage/handle.js";
 import {
+  checkAckBound,
   checkRange,
   checkDatabaseName,
   duplicateIdentity,
@@ -29,7 +32,7 @@ import {
   prepareMessage,
   sameMessage,
   lostAcknowledgement,
-} from "./semantics.js";
+} from "../../src/storage/semantics.js";
 
 /** Options of the memory adapter. */
 export interface MemoryStorageOptions {
@@ -119,8 +122,7 @@ class MemoryDatabase implements Database {
   readonly epoch: number;
   private poisoned = false;
   private closed = false;
-  private fencedNotified = false;
-  private readonly listeners = new Set<(signal: DatabaseSignal) => void>();
+  private readonly watchers = new Watchers();
 
   constructor(
     private readonly stored: Stored,
@@ -175,18 +177,16 @@ class MemoryDatabase implements Database {
 
   async ack(upTo: number): Promise<void> {
     this.guard();
-    if (!Number.isSafeInteger(upTo)) throw new StorageRejected("invalid", `ack: upTo must be an integer, got ${String(upTo)}.`);
+    checkAckBound(upTo);
     this.stored.mailbox = this.stored.mailbox.filter((m) => m.mseq > upTo);
   }
 
   watch(listener: (signal: DatabaseSignal) => void): () => void {
     if (this.closed) return () => {};
-    this.listeners.add(listener);
-    if (this.stored.epoch !== this.epoch) this.deliver(listener, { type: "fenced", epoch: this.stored.epoch });
-    else if (this.stored.mailbox.length > 0) this.deliver(listener, { type: "mailbox" });
-    return () => {
-      this.listeners.delete(listener);
-    };
+    const stop = this.watchers.add(listener);
+    if (this.stored.epoch !== this.epoch) this.watchers.deliver(listener, { type: "fenced", epoch: this.stored.epoch });
+    else if (this.stored.mailbox.length > 0) this.watchers.deliver(listener, { type: "mailbox" });
+    return stop;
   }
 
   stats(): DatabaseStats {
@@ -195,39 +195,23 @@ class MemoryDatabase implements Database {
 
   async close(): Promise<void> {
     this.closed = true;
-    this.listeners.clear();
+    this.watchers.clear();
     this.stored.handles.delete(this);
   }
 
   /** Called by a newer open: tells watchers once. */
   fence(newEpoch: number): void {
-    if (this.fencedNotified) return;
-    this.fencedNotified = true;
-    this.notify({ type: "fenced", epoch: newEpoch });
+    this.watchers.fenced(newEpoch);
   }
 
   /** Tells every watcher, asynchronously (a listener never runs inside a storage call). */
   notify(signal: DatabaseSignal): void {
-    for (const listener of this.listeners) this.deliver(listener, signal);
-  }
-
-  private deliver(listener: (signal: DatabaseSignal) => void, signal: DatabaseSignal): void {
-    queueMicrotask(() => {
-      if (!this.listeners.has(listener)) return;
-      try {
-        listener(signal);
-      } catch {
-        // A watcher's own bug must not break the storage; the watcher owns its errors.
-      }
-    });
+    this.watchers.notify(signal);
   }
 
   private guard(): void {
-    if (this.closed) throw new ResetError("stop", "closed", `database handle "${this.name}" was closed; open the database again to use it.`);
-    if (this.stored.epoch !== this.epoch) throw ResetError.fenced(this.name, this.epoch, this.stored.epoch);
-    if (this.poisoned) {
-      throw new StorageFailure(`database handle "${this.name}" is poisoned by an earlier commit whose outcome is unknown; reopen and read the log.`);
-    }
+    const fencedBy = this.stored.epoch !== this.epoch ? this.stored.epoch : undefined;
+    guardHandle(this.name, this.epoch, { closed: this.closed, fencedBy, poisoned: this.poisoned });
   }
 }
 
@@ -254,6 +238,6 @@ class MemoryReader implements Reader {
   }
 
   private guard(): void {
-    if (this.closed) throw new ResetError("stop", "closed", `reader of "${this.name}" was closed.`);
+    if (this.closed) throw closedHandle(this.name, "reader");
   }
 }

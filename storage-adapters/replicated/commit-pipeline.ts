@@ -19,7 +19,7 @@ import type { IRequestOp, IResponseOp } from "etcd3";
 import type { NewEvent } from "../../src/state/events.js";
 import type { CommitReceipt } from "../../src/storage/contract.js";
 import { ResetError, StorageFailure, StorageRejected } from "../../src/storage/errors.js";
-import { duplicateIdentity, prepareBatch } from "../memory/semantics.js";
+import { duplicateIdentity, prepareBatch } from "../../src/storage/semantics.js";
 import type { Context } from "./context.js";
 import { classifyEtcdError } from "./etcd-errors.js";
 import { MAX_BATCH_BYTES, MAX_BATCH_EVENTS, MAX_TXN_OPS, chainHash, decodeBatch, encodeBatch, type BatchRecord, type Keys } from "./layout.js";

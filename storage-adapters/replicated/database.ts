@@ -9,8 +9,9 @@
 import type { Watcher } from "etcd3";
 import type { LogEvent, NewEvent } from "../../src/state/events.js";
 import type { CommitReceipt, Database, DatabaseSignal, DatabaseStats, MailboxMessage, PostedMessage } from "../../src/storage/contract.js";
-import { ResetError, StorageFailure, StorageRejected } from "../../src/storage/errors.js";
-import { checkRange } from "../memory/semantics.js";
+import { ResetError, StorageFailure } from "../../src/storage/errors.js";
+import { guardHandle, Watchers } from "../../src/storage/handle.js";
+import { checkAckBound, checkRange } from "../../src/storage/semantics.js";
 import { CommitPipeline } from "./commit-pipeline.js";
 import type { Context } from "./context.js";
 import { readEpochHead } from "./cluster-log.js";
@@ -49,7 +50,7 @@ export class ReplicatedDatabase implements Database {
   private readonly keys: Keys;
   private readonly copy: LocalCopy;
   private readonly pipeline: CommitPipeline;
-  private readonly listeners = new Set<(signal: DatabaseSignal) => void>();
+  private readonly listeners = new Watchers();
   private readonly watchers: Watcher[] = [];
   private fencedBy: { epoch: number | null } | null = null;
   private poison: StorageFailure | null = null;
@@ -135,7 +136,7 @@ export class ReplicatedDatabase implements Database {
 
   async ack(upTo: number): Promise<void> {
     this.guard();
-    if (!Number.isSafeInteger(upTo)) throw new StorageRejected("invalid", `ack: upTo must be an integer, got ${String(upTo)}.`);
+    checkAckBound(upTo);
     if (upTo < 1) return;
     const end = Buffer.from(this.keys.mail(upTo + 1));
     try {
@@ -159,20 +160,18 @@ export class ReplicatedDatabase implements Database {
 
   watch(listener: (signal: DatabaseSignal) => void): () => void {
     if (this.closed) return () => {};
-    this.listeners.add(listener);
-    if (this.fencedBy) this.deliver(listener, { type: "fenced", epoch: this.fencedBy.epoch });
+    const stop = this.listeners.add(listener);
+    if (this.fencedBy) this.listeners.deliver(listener, { type: "fenced", epoch: this.fencedBy.epoch });
     else {
       // Like the reference adapter: mail already waiting is reported to a new watcher.
       this.ctx
         .txn([], [count(this.keys.mailPrefix)])
         .then((res) => {
-          if (Number(res.responses[0]?.response_range.count ?? 0) > 0) this.deliver(listener, { type: "mailbox" });
+          if (Number(res.responses[0]?.response_range.count ?? 0) > 0) this.listeners.deliver(listener, { type: "mailbox" });
         })
         .catch(() => undefined);
     }
-    return () => {
-      this.listeners.delete(listener);
-    };
+    return stop;
   }
 
   stats(): ReplicatedStats {
@@ -227,7 +226,7 @@ export class ReplicatedDatabase implements Database {
     if (this.fencedBy) return;
     this.fencedBy = { epoch };
     this.ctx.log.warn({ db: this.name, epoch: this.epoch, newEpoch: epoch }, "database opened by another process: this handle is fenced and must stop");
-    this.notify({ type: "fenced", epoch });
+    this.listeners.fenced(epoch);
   }
 
   private setPoison(failure: StorageFailure): StorageFailure {
@@ -239,25 +238,9 @@ export class ReplicatedDatabase implements Database {
   }
 
   private guard(): void {
-    if (this.closed) throw new ResetError("stop", "closed", `database handle "${this.name}" was closed; open the database again to use it.`);
-    if (this.fencedBy) throw ResetError.fenced(this.name, this.epoch, this.fencedBy.epoch);
-    if (this.poison) {
-      throw new StorageFailure(`database handle "${this.name}" is poisoned by an earlier commit whose outcome is unknown; reopen and read the log.`, { cause: this.poison });
-    }
+    guardHandle(this.name, this.epoch, { closed: this.closed, fencedBy: this.fencedBy?.epoch, poisoned: this.poison });
   }
 
   private notify(signal: DatabaseSignal): void {
-    for (const listener of this.listeners) this.deliver(listener, signal);
-  }
-
-  private deliver(listener: (signal: DatabaseSignal) => void, signal: DatabaseSignal): void {
-    queueMicrotask(() => {
-      if (!this.listeners.has(listener)) return;
-      try {
-        listener(signal);
-      } catch {
-        // A watcher's own bug must not break the storage; the watcher owns its errors.
-      }
-    });
-  }
-}
+    this.listeners.notify(signal);
+  }}

@@ -13,7 +13,8 @@ import { ConfigError } from "../../src/errors.js";
 import type { LogEvent } from "../../src/state/events.js";
 import type { Database, MailboxMessage, OpenOptions, Reader, Storage } from "../../src/storage/contract.js";
 import { DatabaseNotFound, ResetError } from "../../src/storage/errors.js";
-import { checkRange, isValidDatabaseName } from "../memory/semantics.js";
+import { closedHandle } from "../../src/storage/handle.js";
+import { checkRange, isValidDatabaseName } from "../../src/storage/semantics.js";
 import { readEpochHead, readFromCluster } from "./cluster-log.js";
 import { Context } from "./context.js";
 import type { ReplicatedDatabase } from "./database.js";
@@ -108,7 +109,7 @@ export function createReplicatedStorage(options: ReplicatedOptions): Storage {
       }
       let readerClosed = false;
       const guard = (): void => {
-        if (readerClosed) throw new ResetError("stop", "closed", `reader of "${name}" was closed.`);
+        if (readerClosed) throw closedHandle(name, "reader");
       };
       return {
         name,

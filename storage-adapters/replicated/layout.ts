@@ -24,8 +24,9 @@
  */
 import { createHash } from "node:crypto";
 import { z } from "zod";
-import { ConfigError } from "../../src/errors.js";
-import { DATABASE_NAME, isValidDatabaseName } from "../memory/semantics.js";
+
+/** Database names are the same rule as every adapter's (src/storage/semantics.ts); a name never contains "/". */
+export { checkDatabaseName } from "../../src/storage/semantics.js";
 
 /** The etcd key prefix every database lives under. */
 export const ROOT_PREFIX = "cairn/db/";
@@ -37,13 +38,6 @@ export const MAX_BATCH_BYTES = 1024 * 1024;
 export const MAX_BATCH_EVENTS = MAX_TXN_OPS - 2;
 /** The hash before the first batch. */
 export const GENESIS_HASH = "0".repeat(64);
-
-/** Throws ConfigError unless `name` is a valid database name (the same rule as every adapter; it never contains "/"). */
-export function checkDatabaseName(name: string): void {
-  if (typeof name !== "string" || !isValidDatabaseName(name)) {
-    throw new ConfigError(`invalid database name ${JSON.stringify(name)}: use 1 to 128 characters matching ${DATABASE_NAME.source}.`);
-  }
-}
 
 const pad = (n: number): string => String(n).padStart(16, "0");
 

@@ -5,7 +5,7 @@
  */
 import { MAILBOX_LIMIT, type MailboxMessage } from "../../src/storage/contract.js";
 import { DatabaseNotFound } from "../../src/storage/errors.js";
-import { isValidDatabaseName, mailboxFull, messageConflict, prepareMessage, sameMessage } from "../memory/semantics.js";
+import { isValidDatabaseName, mailboxFull, messageConflict, prepareMessage, sameMessage } from "../../src/storage/semantics.js";
 import type { Context } from "./context.js";
 import { keysOf } from "./layout.js";
 import { absent, count, get, kvsOf, modIs, present, put, valueOf } from "./ops.js";

@@ -12,8 +12,9 @@ import type {
   FaultHook,
   PostedMessage,
 } from "../../src/storage/contract.js";
-import { ResetError, StorageFailure, StorageRejected } from "../../src/storage/errors.js";
-import { checkRange, duplicateIdentity, lostAcknowledgement, prepareBatch } from "../memory/semantics.js";
+import { ResetError, StorageFailure } from "../../src/storage/errors.js";
+import { guardHandle, Watchers } from "../../src/storage/handle.js";
+import { checkAckBound, checkRange, duplicateIdentity, lostAcknowledgement, prepareBatch } from "../../src/storage/semantics.js";
 import type BetterSqlite3 from "better-sqlite3";
 import type { Connection } from "./connection.js";
 import { mapSqliteError, type SqlitePhase } from "./errors.js";
@@ -96,8 +97,7 @@ export class SqliteDatabase implements Database {
   private closed = false;
   /** The newer epoch once this handle learned it was fenced. */
   private fencedBy: number | null = null;
-  private fenceNotified = false;
-  private readonly listeners = new Set<(signal: DatabaseSignal) => void>();
+  private readonly watchers = new Watchers();
   private timer: ReturnType<typeof setInterval> | undefined;
   private seenDataVersion: number | undefined;
   private seenMseq = 0;
@@ -161,7 +161,7 @@ export class SqliteDatabase implements Database {
   }
 
   async ack(upTo: number): Promise<void> {
-    if (!Number.isSafeInteger(upTo)) throw new StorageRejected("invalid", `ack: upTo must be an integer, got ${String(upTo)}.`);
+    checkAckBound(upTo);
     this.transact("write", "ack", () => {
       this.ackRows.run(upTo);
     });
@@ -169,18 +169,15 @@ export class SqliteDatabase implements Database {
 
   watch(listener: (signal: DatabaseSignal) => void): () => void {
     if (this.closed) return () => {};
-    this.listeners.add(listener);
+    const stop = this.watchers.add(listener, () => this.stopPolling());
     if (this.fencedBy !== null) {
-      this.deliver(listener, { type: "fenced", epoch: this.fencedBy });
+      this.watchers.deliver(listener, { type: "fenced", epoch: this.fencedBy });
     } else if (this.timer === undefined) {
       this.timer = setInterval(() => this.poll(), this.pollMs);
       this.timer.unref();
       setImmediate(() => this.poll()).unref();
     }
-    return () => {
-      this.listeners.delete(listener);
-      if (this.listeners.size === 0) this.stopPolling();
-    };
+    return stop;
   }
 
   stats(): DatabaseStats {
@@ -191,7 +188,7 @@ export class SqliteDatabase implements Database {
     if (this.closed) return;
     this.closed = true;
     this.stopPolling();
-    this.listeners.clear();
+    this.watchers.clear();
     this.s.rollbackQuietly();
     this.conn.close();
     this.onClose();
@@ -230,16 +227,12 @@ export class SqliteDatabase implements Database {
   }
 
   private guard(): void {
-    if (this.closed) throw new ResetError("stop", "closed", `database handle "${this.name}" was closed; open the database again to use it.`);
-    if (this.fencedBy !== null) throw ResetError.fenced(this.name, this.epoch, this.fencedBy);
-    if (this.poisoned) {
-      throw new StorageFailure(`database handle "${this.name}" is poisoned by an earlier failure whose outcome is unknown; reopen and read the log.`);
-    }
+    guardHandle(this.name, this.epoch, { closed: this.closed, fencedBy: this.fencedBy ?? undefined, poisoned: this.poisoned });
   }
 
   /** The watch poll: cheap when nothing changed (data_version is per-connection and in memory). */
   private poll(): void {
-    if (this.closed || this.listeners.size === 0) return this.stopPolling();
+    if (this.closed || this.watchers.size === 0) return this.stopPolling();
     try {
       const version = this.dataVersion.get();
       if (version === this.seenDataVersion) return;
@@ -253,7 +246,7 @@ export class SqliteDatabase implements Database {
       const mseq = this.maxMseq.get() ?? 0;
       if (mseq > this.seenMseq) {
         this.seenMseq = mseq;
-        for (const listener of this.listeners) this.deliver(listener, { type: "mailbox" });
+        this.watchers.notify({ type: "mailbox" });
       }
     } catch {
       // A transient read error (the disk, a lock): the next tick tries again; calls report real errors.
@@ -263,25 +256,11 @@ export class SqliteDatabase implements Database {
 
   private notifyFenced(): void {
     this.stopPolling();
-    if (this.fenceNotified || this.fencedBy === null) return;
-    this.fenceNotified = true;
-    const signal: DatabaseSignal = { type: "fenced", epoch: this.fencedBy };
-    for (const listener of this.listeners) this.deliver(listener, signal);
+    if (this.fencedBy !== null) this.watchers.fenced(this.fencedBy);
   }
 
   private stopPolling(): void {
     if (this.timer !== undefined) clearInterval(this.timer);
     this.timer = undefined;
-  }
-
-  private deliver(listener: (signal: DatabaseSignal) => void, signal: DatabaseSignal): void {
-    queueMicrotask(() => {
-      if (!this.listeners.has(listener)) return;
-      try {
-        listener(signal);
-      } catch {
-        // A watcher's own bug must not break the storage; the watcher owns its errors.
-      }
-    });
   }
 }

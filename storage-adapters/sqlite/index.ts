@@ -17,8 +17,9 @@ import {
   type Reader,
   type Storage,
 } from "../../src/storage/contract.js";
-import { DatabaseNotFound, ResetError } from "../../src/storage/errors.js";
-import { checkDatabaseName, isValidDatabaseName, mailboxFull, messageConflict, prepareMessage, sameMessage } from "../memory/semantics.js";
+import { DatabaseNotFound } from "../../src/storage/errors.js";
+import { closedHandle } from "../../src/storage/handle.js";
+import { checkDatabaseName, isValidDatabaseName, mailboxFull, messageConflict, prepareMessage, sameMessage } from "../../src/storage/semantics.js";
 import { claimOwnership, openReadOnly, openWritable, type Connection } from "./connection.js";
 import { SqliteDatabase, Statements } from "./database.js";
 import { mapSqliteError } from "./errors.js";
@@ -175,7 +176,7 @@ class SqliteReader implements Reader {
   }
 
   private run<T>(op: string, body: () => T): T {
-    if (this.closed) throw new ResetError("stop", "closed", `reader of "${this.name}" was closed.`);
+    if (this.closed) throw closedHandle(this.name, "reader");
     try {
       return body();
     } catch (err) {

@@ -1,8 +1,8 @@
 /**
- * The conformance suite against the memory adapter (the reference semantics).
+ * The conformance suite (src/storage/conformance/) against the memory adapter, the reference semantics.
  */
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
-import { conformance } from "./suite.js";
+import { conformance } from "../../src/storage/conformance/index.js";
 
 conformance("memory", async () => {
   const storage = createMemoryStorage();

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { MAILBOX_LIMIT } from "../../src/storage/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
-import { collect, eventually, hasError, inbox, message, sessionCreated } from "../conformance/fixtures.js";
+import { collect, eventually, hasError, inbox, message, sessionCreated } from "../../src/storage/conformance/fixtures.js";
 
 describe("memory storage", () => {
   it("refuses mail beyond MAILBOX_LIMIT with backlog_full (retryable), and accepts again after ack", async () => {

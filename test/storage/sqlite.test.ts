@@ -12,7 +12,7 @@ import { StorageRejected } from "../../src/storage/errors.js";
 import { MAILBOX_LIMIT } from "../../src/storage/contract.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { mapSqliteError } from "../../storage-adapters/sqlite/errors.js";
-import { AT, hasError, message, sessionCreated } from "../conformance/fixtures.js";
+import { AT, hasError, message, sessionCreated } from "../../src/storage/conformance/fixtures.js";
 
 const root = mkdtempSync(join(tmpdir(), "cairn-sqlite-"));
 let n = 0;

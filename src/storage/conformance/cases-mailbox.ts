@@ -3,11 +3,12 @@
  * conflicting post, and watch reporting new mail.
  */
 import assert from "node:assert/strict";
-import type { ConformanceCase } from "./suite.js";
+import type { ConformanceCase } from "./types.js";
 import { collect, eventually, hasError, message, Owner, sessionCreated } from "./fixtures.js";
 
 export const mailboxCases: ConformanceCase[] = [
   {
+    id: "mailbox.post-drain-ack",
     name: "mailbox: post in order, drain, ack, same id same content is a no-op, other content conflicts",
     async run({ target, reopen, name }) {
       const owner = await Owner.open(target.storage, name, reopen);
@@ -46,26 +47,28 @@ export const mailboxCases: ConformanceCase[] = [
     },
   },
   {
+    id: "mailbox.watch",
     name: "mailbox: watch reports new mail without a commit",
-    async run({ target, reopen, name }) {
+    async run({ target, reopen, name, waitBoundMs }) {
       const owner = await Owner.open(target.storage, name, reopen);
       await owner.commit([sessionCreated("s1")]);
       const watched = collect(owner.db);
       const poster = await target.reopenStorage();
       await poster.post(name, message("wake-up"));
-      await eventually(() => watched.signals.some((s) => s.type === "mailbox"), "the owner's watch reports {type: 'mailbox'}");
+      await eventually(() => watched.signals.some((s) => s.type === "mailbox"), "the owner's watch reports {type: 'mailbox'}", waitBoundMs);
       assert.ok(!watched.signals.some((s) => s.type === "fenced"), "a post is not a fence");
       const drained = await owner.drain();
       assert.deepEqual(drained.map((m) => m.id), ["wake-up"]);
       await owner.ack(drained[0]!.mseq);
       const before = watched.signals.filter((s) => s.type === "mailbox").length;
       await poster.post(name, message("second"));
-      await eventually(() => watched.signals.filter((s) => s.type === "mailbox").length > before, "a second message is reported too");
+      await eventually(() => watched.signals.filter((s) => s.type === "mailbox").length > before, "a second message is reported too", waitBoundMs);
       watched.stop();
       await owner.close();
     },
   },
   {
+    id: "mailbox.invalid",
     name: "mailbox: a message that is not valid is refused as invalid",
     async run({ target, reopen, name }) {
       const owner = await Owner.open(target.storage, name, reopen);

@@ -3,9 +3,9 @@
  * Owner wrapper that implements "reopen after every commit" mode.
  */
 import assert from "node:assert/strict";
-import { hasCode } from "../../src/errors.js";
-import { event, identity, type NewEvent } from "../../src/state/events.js";
-import type { CommitReceipt, Database, DatabaseSignal, MailboxMessage, PostedMessage, Storage } from "../../src/storage/contract.js";
+import { hasCode } from "../../errors.js";
+import { event, identity, type NewEvent } from "../../state/events.js";
+import type { CommitReceipt, Database, DatabaseSignal, MailboxMessage, PostedMessage, Storage } from "../contract.js";
 
 /** A fixed timestamp: the storage never interprets `at`. */
 export const AT = "2025-01-02T03:04:05.678Z";

@@ -3,12 +3,13 @@
  * read ranges, reopening, and exact round trips.
  */
 import assert from "node:assert/strict";
-import { event, identity, type NewEvent } from "../../src/state/events.js";
-import type { ConformanceCase } from "./suite.js";
+import { event, identity, type NewEvent } from "../../state/events.js";
+import type { ConformanceCase } from "./types.js";
 import { AT, hasError, inbox, inboxBatch, Owner, sessionCreated, withSeq } from "./fixtures.js";
 
 export const logCases: ConformanceCase[] = [
   {
+    id: "log.seq-order",
     name: "assigns seq 1, 2, 3... in commit order and returns each batch's receipt",
     async run({ target, reopen, name }) {
       const db = await Owner.open(target.storage, name, reopen);
@@ -27,6 +28,7 @@ export const logCases: ConformanceCase[] = [
     },
   },
   {
+    id: "log.atomic-batch",
     name: "a batch with one duplicate identity writes none of it (atomic batch)",
     async run({ target, reopen, name }) {
       const db = await Owner.open(target.storage, name, reopen);
@@ -46,6 +48,7 @@ export const logCases: ConformanceCase[] = [
     },
   },
   {
+    id: "log.duplicate-in-batch",
     name: "an identity twice in one batch refuses the whole batch",
     async run({ target, reopen, name }) {
       const db = await Owner.open(target.storage, name, reopen);
@@ -60,6 +63,7 @@ export const logCases: ConformanceCase[] = [
     },
   },
   {
+    id: "log.identities-across-reopen",
     name: "identities stay unique across batches and across reopening",
     async run({ target, reopen, name }) {
       const db = await Owner.open(target.storage, name, reopen);
@@ -75,6 +79,7 @@ export const logCases: ConformanceCase[] = [
     },
   },
   {
+    id: "log.exact-copy",
     name: "read after commit returns exactly what was committed; the caller's objects are not kept",
     async run({ target, reopen, name }) {
       const db = await Owner.open(target.storage, name, reopen);
@@ -93,6 +98,7 @@ export const logCases: ConformanceCase[] = [
     },
   },
   {
+    id: "log.read-window",
     name: "read(afterSeq, limit) returns the requested window",
     async run({ target, reopen, name }) {
       const db = await Owner.open(target.storage, name, reopen);
@@ -112,6 +118,7 @@ export const logCases: ConformanceCase[] = [
     },
   },
   {
+    id: "log.reopen-sees-all",
     name: "a reopened database (another Storage object) sees everything committed",
     async run({ target, reopen, name }) {
       const db = await Owner.open(target.storage, name, reopen);
@@ -131,6 +138,7 @@ export const logCases: ConformanceCase[] = [
     },
   },
   {
+    id: "log.empty-batch",
     name: "an empty batch is refused as invalid and writes nothing",
     async run({ target, reopen, name }) {
       const db = await Owner.open(target.storage, name, reopen);
@@ -141,6 +149,7 @@ export const logCases: ConformanceCase[] = [
     },
   },
   {
+    id: "log.round-trip",
     name: "events round-trip exactly (unicode, escapes, numbers, nesting)",
     async run({ target, reopen, name }) {
       const db = await Owner.open(target.storage, name, reopen);

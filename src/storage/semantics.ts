@@ -1,14 +1,18 @@
 /**
- * The storage semantics every adapter shares, as pure functions: batch validation, duplicate
- * detection inside a batch, mailbox message validation and "same content" comparison. The memory
- * adapter is the reference; the sqlite (and any other) adapter imports these so all of them refuse
- * exactly the same inputs with exactly the same errors.
+ * The storage semantics every adapter shares, as pure functions: database names, read ranges, batch
+ * validation, identities (duplicates inside a batch and in the log), mailbox messages (validation,
+ * "same content", conflict, the MAILBOX_LIMIT bound) and the lost acknowledgement. Every adapter (in
+ * this repository or outside it) imports these, so all of them refuse exactly the same inputs with
+ * exactly the same errors; the conformance suite (./conformance/) checks that they do.
+ *
+ * Pure: no I/O, no clock.
  */
 import { z } from "zod";
-import { parseNewEvent, type NewEvent } from "../../src/state/events.js";
-import { ConfigError } from "../../src/errors.js";
-import { StorageFailure, StorageRejected } from "../../src/storage/errors.js";
-import { MAILBOX_LIMIT, type MailboxMessage } from "../../src/storage/contract.js";
+import { canonicalEqual, isJsonValue, MAX_JSON_DEPTH } from "../state/canonical.js";
+import { parseNewEvent, type NewEvent } from "../state/events.js";
+import { ConfigError } from "../errors.js";
+import { StorageFailure, StorageRejected } from "./errors.js";
+import { MAILBOX_LIMIT, type MailboxMessage } from "./contract.js";
 
 /** Database names every adapter accepts: a file name on any filesystem, and an etcd key segment. */
 export const DATABASE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
@@ -96,6 +100,11 @@ export function checkRange(afterSeq: number, limit: number | undefined): void {
   }
 }
 
+/** Rejects an `ack(upTo)` bound that is not an integer (shared by every adapter's ack). */
+export function checkAckBound(upTo: number): void {
+  if (!Number.isSafeInteger(upTo)) throw new StorageRejected("invalid", `ack: upTo must be an integer, got ${String(upTo)}.`);
+}
+
 const Message = z.strictObject({
   id: z.string().min(1).max(200),
   session: z.string().min(1).max(200),
@@ -115,7 +124,9 @@ export function prepareMessage(message: MailboxMessage): MailboxMessage {
       throw new Error("the message and its payload are required");
     }
     copy = JSON.parse(JSON.stringify(message)) as unknown;
-    return Message.parse(copy) as MailboxMessage;
+    const parsed = Message.parse(copy) as MailboxMessage;
+    if (!isJsonValue(parsed.payload)) throw new Error(`the payload is nested deeper than ${MAX_JSON_DEPTH} levels`);
+    return parsed;
   } catch (cause) {
     throw new StorageRejected("invalid", `refused the mailbox message: ${describe(cause)}.`, { cause });
   }
@@ -123,7 +134,7 @@ export function prepareMessage(message: MailboxMessage): MailboxMessage {
 
 /** True when two messages with the same id carry the same content (payload compared as canonical JSON). */
 export function sameMessage(a: MailboxMessage, b: MailboxMessage): boolean {
-  return a.id === b.id && a.session === b.session && a.kind === b.kind && a.at === b.at && canonicalJson(a.payload) === canonicalJson(b.payload);
+  return a.id === b.id && a.session === b.session && a.kind === b.kind && a.at === b.at && canonicalEqual(a.payload, b.payload);
 }
 
 /** The StorageRejected `conflict` for a message id already posted with other content. */
@@ -140,21 +151,6 @@ export function mailboxFull(name: string): StorageRejected {
     "backlog_full",
     `the mailbox of database "${name}" holds ${MAILBOX_LIMIT} unacknowledged messages; retry after its owner drains it.`,
   );
-}
-
-/** JSON text with object keys sorted, so equal values give equal text whatever their key order. */
-export function canonicalJson(value: unknown): string {
-  return JSON.stringify(sortKeys(value));
-}
-
-function sortKeys(value: unknown): unknown {
-  if (Array.isArray(value)) return value.map(sortKeys);
-  if (value !== null && typeof value === "object") {
-    const out: Record<string, unknown> = {};
-    for (const key of Object.keys(value).sort()) out[key] = sortKeys((value as Record<string, unknown>)[key]);
-    return out;
-  }
-  return value;
 }
 
 function describe(cause: unknown): string {

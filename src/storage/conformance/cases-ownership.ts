@@ -3,14 +3,15 @@
  * poison after an uncertain commit, a plain failure before the commit, and missing databases.
  */
 import assert from "node:assert/strict";
-import type { FaultPoint } from "../../src/storage/contract.js";
-import type { ConformanceCase } from "./suite.js";
+import type { FaultPoint } from "../contract.js";
+import type { ConformanceCase } from "./types.js";
 import { collect, eventually, hasError, inbox, inboxBatch, isFenced, message, Owner, sessionCreated, withSeq } from "./fixtures.js";
 
 export const ownershipCases: ConformanceCase[] = [
   {
+    id: "ownership.last-opener-wins",
     name: "last opener wins: the fenced handle's commit, read, head, drain and ack throw ResetError stop/fenced and write nothing",
-    async run({ target, reopen, name }) {
+    async run({ target, reopen, name, waitBoundMs }) {
       const a = await Owner.open(target.storage, name, reopen);
       const first = [sessionCreated("s1"), inbox("s1", "a1")];
       const second = inboxBatch("s1", "a2-", 3);
@@ -32,7 +33,7 @@ export const ownershipCases: ConformanceCase[] = [
 
       assert.equal(await b.head(), last.lastSeq, "A wrote nothing after the fence");
       assert.deepEqual(await b.read(), withSeq([...first, ...second], 1), "B sees every commit A resolved");
-      await eventually(() => watched.signals.some((s) => s.type === "fenced"), "A's watch reports {type: 'fenced'}");
+      await eventually(() => watched.signals.some((s) => s.type === "fenced"), "A's watch reports {type: 'fenced'}", waitBoundMs);
       assert.equal(watched.signals.filter((s) => s.type === "fenced").length, 1, "fenced is reported once");
       assert.equal(a.db.stats().fenced, true);
       assert.deepEqual(await b.commit([inbox("s1", "b1")]), { firstSeq: last.lastSeq + 1, lastSeq: last.lastSeq + 1 }, "B appends after A's events");
@@ -42,6 +43,7 @@ export const ownershipCases: ConformanceCase[] = [
     },
   },
   {
+    id: "ownership.reader-and-poster-never-fence",
     name: "a reader and a poster never fence the owner",
     async run({ target, reopen, name }) {
       const a = await Owner.open(target.storage, name, reopen);
@@ -60,6 +62,7 @@ export const ownershipCases: ConformanceCase[] = [
     },
   },
   {
+    id: "ownership.lost-ack-poisons",
     name: "a lost acknowledgement (throw at commit:after-durable) poisons the handle; a fresh open shows the batch was committed",
     async run({ target, reopen, name }) {
       let armed: FaultPoint | null = null;
@@ -91,6 +94,7 @@ export const ownershipCases: ConformanceCase[] = [
     },
   },
   {
+    id: "ownership.fault-before-commit",
     name: "a throw at commit:before is a plain failure: nothing is written and the handle stays usable",
     async run({ target, reopen, name }) {
       let armed = false;
@@ -112,6 +116,7 @@ export const ownershipCases: ConformanceCase[] = [
     },
   },
   {
+    id: "ownership.missing-database",
     name: "a missing database: open with create:false, reader and post throw DatabaseNotFound",
     async run({ target, reopen, name }) {
       const storage = target.storage;
