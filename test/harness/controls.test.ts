@@ -225,9 +225,9 @@ describe("timers", () => {
       });
       let h = await Harness.open({ storage: createSqliteStorage({ dataDir: t.dir }), name: "t", model, workDir: t.dir, limits: fast });
       const s = await h.start({ goal: "g", cwd: process.cwd() });
-      // The timer command is a real process (tsx start-up can take seconds on a loaded machine):
-      // wait for its registration, not for a revision that the model may reach first.
-      for (let i = 0; i < 2400 && !h.session(s)!.timers.has("later"); i++) await new Promise((r) => setTimeout(r, 25));
+      // The timer command is a real process (tsx start-up can take seconds on a loaded machine): a
+      // generous guard, since revision 2 needs the command to have finished (registration first).
+      for (let i = 0; i < 2400 && h.session(s)!.state.revision < 2; i++) await new Promise((r) => setTimeout(r, 25));
       assert.equal(h.session(s)!.timers.get("later")?.fired, false);
       await h.close();
       await new Promise((r) => setTimeout(r, 4500)); // the timer falls due while nobody owns the run
