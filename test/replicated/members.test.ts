@@ -100,7 +100,7 @@ describe("replicated adapter under member loss", () => {
     await dc.cluster.kill(2);
     await eventually(() => db.stats().quorumHeld === false, "the quorum is seen lost");
     const waiting = [db.commit([ev("w1")]), db.commit([ev("w2")])];
-    waiting.forEach((p) => p.catch(() => undefined));
+    for (const p of waiting) void p.catch(() => undefined);
     await assert.rejects(db.commit([ev("refused")]), (err: unknown) => {
       assert.equal((err as { code?: string }).code, "rejected");
       assert.equal((err as { reason?: string }).reason, "backlog_full");
