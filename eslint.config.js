@@ -17,7 +17,7 @@ const pureCore = {
   patterns: [
     {
       group: ["**/storage/**", "**/harness/**", "**/exec/**", "**/model/**", "**/observability/**", "**/cli/**", "**/storage-adapters/**"],
-      message: "src/state is the pure core: it imports only src/state modules and pure libraries (zod, smol-toml).",
+      message: "src/state is the pure core: it imports only src/state modules and pure libraries (zod, smol-toml, fast-json-patch).",
     },
     { group: ["pino", "pino-*", "execa", "better-sqlite3", "etcd3", "prom-client", "openai", "@anthropic-ai/*"], message: "src/state is the pure core: no library with effects." },
   ],

@@ -10,6 +10,7 @@
  *
  * Pure: no I/O, no clock.
  */
+import jsonpatch from "fast-json-patch";
 import { z } from "zod";
 import { ARRAY_INDEX, canonicalEqual, describeJson, isJsonValue, jsonClone, parsePointer, resolvePointer } from "./canonical.js";
 import { parsePep723 } from "./pep723.js";
@@ -486,28 +487,34 @@ export function applyAccepted(
   consumed: readonly string[],
 ): { state: State; executions: Map<number, ExecutionRecord>; newCells: Cell[]; removedIds: number[] } {
   if (!Array.isArray(patch)) throw new PatchNotApplicable(`accepted patch is not an array: ${describeJson(patch, 60)}`);
-  const cells = [...state.cells];
+  // Applied with fast-json-patch on a copy (the State is never mutated), prototype changes banned.
+  // Admission has validated every op; the positions are checked again here because the reducer
+  // folds patches read back from the log.
+  const doc = { cells: [...state.cells] };
   const newCells: Cell[] = [];
   const removedIds: number[] = [];
   for (const raw of patch as unknown[]) {
     const op = (raw ?? {}) as { op?: unknown; path?: unknown; value?: unknown };
     if (op.op === "test") continue;
     if (op.op === "add") {
+      if (op.path !== "/cells/-") throw new PatchNotApplicable(`accepted patch adds at ${describeJson(op.path, 60)}, not at /cells/-`);
       const cell = jsonClone(op.value) as Cell;
-      cells.push(cell);
+      jsonpatch.applyOperation(doc, { op: "add", path: "/cells/-", value: cell }, false, true, true);
       newCells.push(cell);
     } else if (op.op === "replace") {
       const cell = jsonClone(op.value) as Cell;
-      cells[cellPosition(op.path, cells.length)] = cell;
+      const n = cellPosition(op.path, doc.cells.length);
+      jsonpatch.applyOperation(doc, { op: "replace", path: `/cells/${n}`, value: cell }, false, true, true);
       newCells.push(cell);
     } else if (op.op === "remove") {
-      const n = cellPosition(op.path, cells.length);
-      removedIds.push(cells[n]!.id);
-      cells.splice(n, 1);
+      const n = cellPosition(op.path, doc.cells.length);
+      removedIds.push(doc.cells[n]!.id);
+      jsonpatch.applyOperation(doc, { op: "remove", path: `/cells/${n}` }, false, true, true);
     } else {
       throw new PatchNotApplicable(`accepted patch has an op step never admits: ${describeJson(raw, 80)}`);
     }
   }
+  const cells = doc.cells;
   const after = new Map(executions);
   let next = state.runtime.next_cell_id;
   for (const c of newCells) {
