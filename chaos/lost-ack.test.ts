@@ -113,6 +113,7 @@ describe("lost acknowledgements on sqlite", () => {
       assert.ok(replay.ok, JSON.stringify(replay));
       assert.equal(replay.receipt.replay, true);
       assert.equal(replay.receipt.revision, 1);
+      assert.deepEqual(replay.receipt.newCells.map((c) => c.id), [1], "a replayed receipt names the cells the round created");
       // Key order does not make another patch.
       const reordered = same.map((op) => Object.fromEntries(Object.entries(op).reverse()));
       const again = await h.submit("s1", "s1:t1", reordered);

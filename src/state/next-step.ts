@@ -6,13 +6,14 @@
  * The order of the rules is the order of `nextStep`:
  *   1. an ended run does nothing;
  *   2. budgets: tokens, wall time, and rounds (only when a new round is wanted) end the run;
- *   3. a timer that is due fires;
- *   4. an accepted role note not yet handled (cancel, resolution, conclusion) is handled, in cell order;
- *   5. the oldest queued execution is dispatched, unless a cell runs (here or for an earlier worker)
+ *   3. an accepted role note not yet handled (cancel, resolution, conclusion) is handled, in cell order;
+ *   4. the oldest queued execution is dispatched, unless a cell runs (here or for an earlier worker)
  *      or the queue is paused: an `error` or UnknownExecution whose observation no accepted patch
  *      has consumed yet;
- *   6. the model is called when there is something to decide: no round yet, unread observations, or
+ *   5. the model is called when there is something to decide: no round yet, unread observations, or
  *      a round left open (prepared before a crash);
+ *   6. a timer that is due fires (its armed callback also fires it while the loop is busy, e.g. in a
+ *      model call, so its observation reaches the next round);
  *   7. otherwise wait: for the running cell, the next timer, the wall-time budget or the outside world.
  *
  * Pure: no I/O, no clock (the time is an argument).
@@ -75,8 +76,6 @@ export function nextStep(input: StepInput): NextStep {
   if (s.terminal !== null) return { kind: "ended" };
   const ended = budgetExhausted(s, now);
   if (ended !== null) return { kind: "end_run", result: "failure", reason: ended };
-  const due = dueTimers(s, now)[0];
-  if (due !== undefined) return { kind: "fire_timer", timer: due };
   const control = nextControl(s);
   if (control !== null) return { kind: "control", ...control };
   if (!input.busy) {
@@ -88,6 +87,8 @@ export function nextStep(input: StepInput): NextStep {
     const n = s.turn_count + 1;
     return { kind: "round", turn: turnId(s.id, n), prepare: true, n, delivered: s.pending.slice(0, input.limits.deliverPerRound) };
   }
+  const due = dueTimers(s, now)[0];
+  if (due !== undefined) return { kind: "fire_timer", timer: due };
   return wait(s);
 }
 
