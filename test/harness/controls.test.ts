@@ -70,7 +70,7 @@ describe("control notes", () => {
       const h = await Harness.open({ storage: createMemoryStorage(), name: "c", model, workDir: t.dir, limits: fast });
       try {
         const s = await h.start({ goal: "g", cwd: t.dir });
-        for (let i = 0; i < 200 && !existsSync(marker); i++) await new Promise((r) => setTimeout(r, 25));
+        for (let i = 0; i < 2400 && !existsSync(marker); i++) await new Promise((r) => setTimeout(r, 25));
         await h.post(s, { id: "please-cancel", kind: "nudge", payload: null });
         const out = await h.wait(s);
         assert.equal(out.reason, "the model concluded failure: cancelled as asked");

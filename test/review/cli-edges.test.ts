@@ -72,14 +72,14 @@ describe("review: SIGTERM on cairn run (confirmed good)", () => {
     child.stderr.setEncoding("utf8").on("data", (d: string) => (stderr += d));
     const exited = new Promise<number | null>((r) => child.on("close", (code) => r(code)));
     try {
-      for (let i = 0; i < 500 && !(existsSync(pidFile) && readFileSync(pidFile, "utf8").trim() !== ""); i++) await sleep(20);
+      for (let i = 0; i < 3000 && !(existsSync(pidFile) && readFileSync(pidFile, "utf8").trim() !== ""); i++) await sleep(20);
       const pid = Number(readFileSync(pidFile, "utf8").trim());
       child.kill("SIGTERM");
       const code = await exited;
       assert.equal(code, 143, stderr);
       assert.ok(!hasStack(stderr), stderr);
       let gone = false;
-      for (let i = 0; i < 100 && !gone; i++) {
+      for (let i = 0; i < 400 && !gone; i++) {
         try {
           process.kill(pid, 0);
           await sleep(50);
