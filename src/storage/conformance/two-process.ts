@@ -69,18 +69,23 @@ class Child {
     return new Child(spawn(process.execPath, [...ctx.options.execArgv, DRIVER, args], { stdio: "pipe" }), ctx.waitBoundMs);
   }
 
+  /** The "ready" line: the process started (node, the loader, the adapter) and did its opening work; twice the bound. */
+  ready(): Promise<Line> {
+    return this.next((l) => l.ready === true, "ready line", 0, 2 * this.boundMs);
+  }
+
   send(command: string): void {
     this.proc.stdin.write(`${command}\n`);
   }
 
   /** The first line (at or after `from`) matching `match`; fails if the child exits or the bound passes. */
-  async next(match: (line: Line) => boolean, what: string, from = 0): Promise<Line> {
-    const deadline = Date.now() + this.boundMs;
+  async next(match: (line: Line) => boolean, what: string, from = 0, boundMs = this.boundMs): Promise<Line> {
+    const deadline = Date.now() + boundMs;
     for (;;) {
       const found = this.lines.slice(from).find(match);
       if (found !== undefined) return found;
       if (this.exited || Date.now() > deadline) {
-        assert.fail(`${this.exited ? "the other process exited before" : `no answer within ${this.boundMs} ms:`} ${what}; it printed ${JSON.stringify(this.lines).slice(-2000)}; stderr: ${this.stderr}`);
+        assert.fail(`${this.exited ? "the other process exited before" : `no answer within ${boundMs} ms:`} ${what}; it printed ${JSON.stringify(this.lines).slice(-2000)}; stderr: ${this.stderr}`);
       }
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, 200);
@@ -147,7 +152,7 @@ export const twoProcessCases: ConformanceCase[] = [
     async run(ctx) {
       await withChildren(async (start) => {
         const child = start("owner", 6);
-        await child.next((l) => l.ready === true, "ready line");
+        await child.ready();
         const childEpoch = (await child.next((l) => typeof l.opened === "number", "opened line")).opened as number;
         const receipts = receiptsOf(child.lines);
         assert.equal(receipts.length, 6);
@@ -182,7 +187,7 @@ export const twoProcessCases: ConformanceCase[] = [
     async run(ctx) {
       await withChildren(async (start) => {
         const child = start("owner", 1);
-        await child.next((l) => l.ready === true, "ready line");
+        await child.ready();
         child.send("watch");
         await child.next((l) => l.watching === true, "watching line");
         const storage = await ctx.target.reopenStorage();
@@ -208,7 +213,7 @@ export const twoProcessCases: ConformanceCase[] = [
         const db = await ctx.target.storage.open(ctx.name);
         await db.commit([inbox("parent", "p1"), inbox("parent", "p2")]);
         const child = start("visitor");
-        await child.next((l) => l.ready === true, "ready line");
+        await child.ready();
         child.send("post from-child");
         const posted = await child.next((l) => l.posted !== undefined || l.error !== undefined, "answer to post");
         assert.equal(posted.posted, "from-child", JSON.stringify(posted));
@@ -232,7 +237,7 @@ export const twoProcessCases: ConformanceCase[] = [
     async run(ctx) {
       await withChildren(async (start) => {
         const child = start("owner", 1);
-        await child.next((l) => l.ready === true, "ready line");
+        await child.ready();
         const mark = child.lines.length;
         child.send("loop");
         await child.next((l) => l.receipt !== undefined && receiptsOf(child.lines.slice(mark)).length >= 5, "five receipts from the commit loop", mark);
