@@ -146,9 +146,19 @@ describe("cairn submit and --session", () => {
     assert.equal(code, 0, r.errText() + r.outText());
     const after = io();
     await main(["status", ...base, "--json", "--session", "job-1"], after);
-    const s = (JSON.parse(after.outText()) as { sessions: { id: string; status: string; inbox: { delivered: number } }[] }).sessions[0]!;
+    const s = (JSON.parse(after.outText()) as { sessions: { id: string; status: string }[] }).sessions[0]!;
     assert.equal(s.status, "success");
-    assert.equal(s.inbox.delivered, 1, "the post sent while the run waited in the mailbox reached it");
+    const storage = createSqliteStorage({ dataDir: data });
+    try {
+      const reader = await storage.reader("jobs");
+      const log = await reader.read(0);
+      await reader.close();
+      const created = log.find((e) => e.kind === "session_created" && e.session === "job-1");
+      const delivered = log.find((e) => e.kind === "inbox_received" && e.session === "job-1" && JSON.stringify(e.body).includes("note-1"));
+      assert.ok(created && delivered && delivered.seq > created.seq, "the post sent while the run waited in the mailbox reached it after its start");
+    } finally {
+      await storage.close();
+    }
     // The same command again: reports that run, starts nothing.
     const again = io();
     assert.equal(await main(["run", "build the thing", ...base, "--session", "job-1", "--validator", "true", "--model", `scripted:${rounds}`], again), 0);
