@@ -24,7 +24,7 @@ import { describeHolder, envName, fillFromEnv, takeLease } from "./owner.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 import { hasCode } from "../errors.js";
 
-const SERVE_FLAGS = {
+export const SERVE_FLAGS = {
   ...STORAGE_FLAGS,
   model: { type: "string" },
   "base-url": { type: "string" },
