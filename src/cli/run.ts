@@ -208,7 +208,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
             await postStart(storage, name, session, plan.request);
             posted = true;
           }
-          say(`cairn: database "${name}" is ${view ? describeHolder(view) : "owned by a live worker"}; handed run ${session} to it (no takeover); following it`);
+          say(`cairn: database "${name}" is ${view ? describeHolder(view) : "owned by a live worker"}; handed run ${session} to it (no takeover); following it${p.values.cwd !== undefined ? " (it runs in that worker's --cwd, not --cwd given here)" : ""}`);
           unfollow = followProgress(f, json, io.out);
           follower = f;
         }

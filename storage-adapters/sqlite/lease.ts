@@ -11,7 +11,7 @@
  */
 import BetterSqlite3 from "better-sqlite3";
 import { randomUUID } from "node:crypto";
-import { mkdirSync } from "node:fs";
+import { existsSync, mkdirSync } from "node:fs";
 import { hostname } from "node:os";
 import { join } from "node:path";
 import type { HeldLease, LeaseView, OwnerInfo, OwnerLeases } from "../../src/storage/contract.js";
@@ -67,6 +67,8 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
     ttlMs,
 
     async read(name: string): Promise<LeaseView | null> {
+      checkDatabaseName(name);
+      if (!existsSync(join(dir, `${name}.lease`))) return null; // a read never creates files
       const conn = openFile(name);
       try {
         const row = current(conn);
