@@ -7,12 +7,15 @@ import { flag, parse, str, UsageError } from "./args.js";
 import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 
-const HELP = `usage: cairn cluster up|down|status [--dir DIR] [--zones a,b,c] [--auth] [--json]
+const HELP = `usage: cairn cluster up|down|status|stop MEMBER|start MEMBER [--dir DIR] [--zones a,b,c] [--auth] [--json]
 
   up      starts three etcd members on 127.0.0.1 (free ports; member names are the zones) in the
           background, waits until the cluster is healthy, and prints the endpoints to use with
-          --storage replicated --etcd URLS (or CAIRN_ETCD_ENDPOINTS)
+          --storage replicated --etcd URLS (or CAIRN_ETCD_ENDPOINTS). On a DIR whose cluster was
+          stopped with down, starts the same members on the same ports with their data.
   down    stops the members started from DIR (data is kept)
+  stop MEMBER   stops one member (a drill: the other two keep the quorum)
+  start MEMBER  starts a stopped member again; it rejoins with its data
   status  shows each member's health and whether the quorum holds
   --dir DIR       where members keep data, logs and cairn-cluster.json (default ./.cairn/cluster)
   --zones a,b,c   the zone (member) names (default zone-a,zone-b,zone-c)
@@ -24,9 +27,22 @@ export async function clusterCommand(argv: readonly string[], io: Io): Promise<n
     io.out(HELP);
     return EXIT.ok;
   }
-  const [action, ...extra] = p.positionals;
-  if (extra.length > 0) throw new UsageError(`cairn cluster takes one action (up, down or status), got "${p.positionals.join(" ")}".`);
   const dir = resolve(str(p, "dir") ?? "./.cairn/cluster");
+  const [action, ...extra] = p.positionals;
+  if (action === "stop" || action === "start") {
+    const member = extra[0];
+    if (member === undefined || extra.length > 1) throw new UsageError(`cairn cluster ${action} takes one member name (see \`cairn cluster status\`).`);
+    const dev = await import("../../storage-adapters/replicated/devcluster.js");
+    if (action === "stop") {
+      const did = await dev.clusterMemberStop(dir, member);
+      io.out(did ? `stopped ${member}` : `${member} was not running`);
+    } else {
+      const did = await dev.clusterMemberStart(dir, member);
+      io.out(did ? `started ${member}` : `${member} is already running`);
+    }
+    return EXIT.ok;
+  }
+  if (extra.length > 0) throw new UsageError(`cairn cluster takes one action (up, down or status), got "${p.positionals.join(" ")}".`);
   const dev = await import("../../storage-adapters/replicated/devcluster.js");
   switch (action) {
     case "up": {
@@ -59,6 +75,6 @@ export async function clusterCommand(argv: readonly string[], io: Io): Promise<n
       return st.quorumHeld ? EXIT.ok : EXIT.storage;
     }
     default:
-      throw new UsageError(`cairn cluster: say up, down or status (see \`cairn cluster --help\`).`);
+      throw new UsageError(`cairn cluster: say up, down, status, stop MEMBER or start MEMBER (see \`cairn cluster --help\`).`);
   }
 }

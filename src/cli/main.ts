@@ -13,6 +13,7 @@ import { postCommand } from "./post.js";
 import { serveCommand } from "./serve.js";
 import { timerCommand } from "./timer.js";
 import { clusterCommand } from "./cluster.js";
+import { submitCommand } from "./submit.js";
 
 export interface Io {
   readonly out: (line: string) => void;
@@ -29,13 +30,14 @@ const defaultIo: Io = {
 export const USAGE = `cairn ${VERSION}: a durable runtime for autonomous coding agents
 
 usage:
-  cairn run [GOAL] --db NAME --model SPEC [--cwd DIR] [--validator "CMD ARGS"]... [--json]
+  cairn run [GOAL] --db NAME --model SPEC [--session ID] [--cwd DIR] [--validator "CMD ARGS"]... [--json]
+  cairn submit GOAL --db NAME [--session ID] [--validator "CMD ARGS"]...   (to the owning worker)
   cairn resume --db NAME --model SPEC [--json]
   cairn status --db NAME [--session ID] [--json]
   cairn post --db NAME --session ID --id ID --kind KIND --payload JSON
-  cairn serve --db NAME --model SPEC [--listen HOST:PORT]
+  cairn serve --db NAME --model SPEC [--listen HOST:PORT] [--create] [--takeover]
   cairn timer --id ID (--in DURATION | --at ISO-TIME) [--note TEXT]    (inside a running cell)
-  cairn cluster up|down|status [--dir DIR]                              (a local 3-zone etcd)
+  cairn cluster up|down|status|stop|start [MEMBER] [--dir DIR]          (a local 3-zone etcd)
 
 Run \`cairn COMMAND --help\` for a command's flags. Exit codes: 0 success, 1 the run failed,
 2 bad usage or configuration, 3 fenced (another process owns the database: do not restart here),
@@ -54,6 +56,8 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         return await statusCommand(rest, io);
       case "post":
         return await postCommand(rest, io);
+      case "submit":
+        return await submitCommand(rest, io);
       case "serve":
         return await serveCommand(rest, io);
       case "timer":
@@ -71,7 +75,7 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         io.out(USAGE);
         return command === undefined ? EXIT.usage : EXIT.ok;
       default:
-        throw new UsageError(`unknown command "${command}"; the commands are run, resume, status, post, serve, timer and cluster (see \`cairn --help\`).`);
+        throw new UsageError(`unknown command "${command}"; the commands are run, submit, resume, status, post, serve, timer and cluster (see \`cairn --help\`).`);
     }
   } catch (err) {
     const { code, message } = describeError(err);

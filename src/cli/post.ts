@@ -6,6 +6,7 @@ import { parseLogEvent } from "../state/events.js";
 import { Reducer } from "../state/reducer.js";
 import { checkOutsideObservation, OutsideObservation } from "../harness/observations.js";
 import { parse, required, UsageError } from "./args.js";
+import { START_REQUEST_KIND, startRequestId } from "../harness/start-request.js";
 import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
@@ -34,6 +35,7 @@ export async function postCommand(argv: readonly string[], io: Io): Promise<numb
   } catch {
     throw new UsageError(`cairn post: --payload is not valid JSON: ${raw.length > 80 ? `${raw.slice(0, 77)}...` : raw}`);
   }
+  if (kind === START_REQUEST_KIND) throw new UsageError(`cairn post: --kind ${START_REQUEST_KIND} is reserved for start requests; use \`cairn submit\`.`);
   const obs = safeParseDeep(() => OutsideObservation.safeParse({ id, kind, payload }));
   if (!obs.success) throw new UsageError(`cairn post: ${obs.error.issues.map((i) => `--${i.path.join(".")}: ${i.message}`).join("; ")}`);
   const choice = await chooseStorage(p, "post", io.env);
@@ -51,7 +53,20 @@ export async function postCommand(argv: readonly string[], io: Io): Promise<numb
       await reader.close().catch(() => undefined);
     }
     const s = r.session(session);
-    if (s === undefined) throw new UsageError(`cairn post: run "${session}" does not exist in database "${name}".`);
+    if (s === undefined) {
+      // A run submitted and not started yet: its owner starts it first, then delivers this.
+      const again = await choice.storage.reader(name);
+      let waiting = false;
+      try {
+        waiting = ((await again.pending?.()) ?? []).some((m) => m.kind === START_REQUEST_KIND && m.id === startRequestId(session));
+      } finally {
+        await again.close().catch(() => undefined);
+      }
+      if (!waiting) throw new UsageError(`cairn post: run "${session}" does not exist in database "${name}".`);
+      await choice.storage.post(name, { id, session, kind, payload, at: new Date().toISOString() });
+      io.out(`posted ${id} to ${session} in "${name}"; the run waits to be started, and its owner delivers it after the start`);
+      return EXIT.ok;
+    }
     const check = checkOutsideObservation(s, obs.data, Number.MAX_SAFE_INTEGER);
     if (!check.ok) {
       io.err(`cairn: ${check.message}`);

@@ -3,11 +3,18 @@
  * arrives, the result. With --json: one committed event per line instead.
  */
 import type { LogEvent } from "../state/events.js";
-import type { Harness } from "../harness/harness.js";
+import type { SessionProjection } from "../state/projection.js";
 
 export type Write = (line: string) => void;
 
-export function followProgress(h: Harness, json: boolean, write: Write): () => void {
+/** What rendering needs: a Harness, or a view over a Reducer (a follower that does not own). */
+export interface ProgressView {
+  sessions(): readonly string[];
+  session(id: string): SessionProjection | undefined;
+  follow(listener: (events: readonly LogEvent[]) => void): () => void;
+}
+
+export function followProgress(h: ProgressView, json: boolean, write: Write): () => void {
   if (json) return h.follow((events) => events.forEach((e) => write(JSON.stringify(e))));
   const partial = new Map<string, string>();
   return h.follow((events) => {
@@ -15,7 +22,7 @@ export function followProgress(h: Harness, json: boolean, write: Write): () => v
   });
 }
 
-function render(h: Harness, e: LogEvent, partial: Map<string, string>): string[] {
+function render(h: ProgressView, e: LogEvent, partial: Map<string, string>): string[] {
   const tag = h.sessions().length > 1 ? `${e.session} ` : "";
   switch (e.kind) {
     case "session_created":

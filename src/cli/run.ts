@@ -14,7 +14,15 @@ import { hasCode } from "../errors.js";
 import type { Io } from "./main.js";
 import { followProgress } from "./progress.js";
 import { chaosFaults } from "./chaos.js";
-import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
+import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP, type StorageChoice } from "./storage.js";
+import { describeHolder, takeLease } from "./owner.js";
+import { assignedSubmitId, checkUserSessionId, sameRequest, START_REQUEST_KIND, StartRequest, startRequestId } from "../harness/start-request.js";
+import { Reducer } from "../state/reducer.js";
+import { parseLogEvent, type LogEvent } from "../state/events.js";
+import type { SessionProjection } from "../state/projection.js";
+import type { HeldLease, Storage } from "../storage/contract.js";
+import { StorageRejected } from "../storage/errors.js";
+import type { ProgressView } from "./progress.js";
 
 const RUN_FLAGS = {
   ...STORAGE_FLAGS,
@@ -27,6 +35,7 @@ const RUN_FLAGS = {
   "max-tokens": { type: "string" },
   "max-wall": { type: "string" },
   "log-level": { type: "string" },
+  session: { type: "string" },
 } as const;
 
 const MODEL_HELP = `  --model SPEC            anthropic/MODEL, openai/MODEL (any OpenAI-compatible server) or
@@ -37,14 +46,19 @@ const MODEL_HELP = `  --model SPEC            anthropic/MODEL, openai/MODEL (any
 
 const RUN_HELP = `usage: cairn run [GOAL] --db NAME --model SPEC [flags]
 
-Starts a run toward GOAL in database NAME and drives it to its end.
+Starts a run toward GOAL in database NAME and drives it to its end. When a live worker (cairn serve)
+owns NAME, the run is handed to it through the mailbox and followed here: nothing is taken over.
+Otherwise this process owns NAME: it first recovers every unfinished run (stopping survivors of
+the last owner), continues them too, and exits when all have ended.
 ${STORAGE_HELP}
 ${MODEL_HELP}
   --cwd DIR               where cells and validators run (default: the current directory)
   --validator "CMD ARGS"  a command that must pass before success is accepted (repeatable; no shell)
   --max-rounds N          end the run as a failure after N model rounds
   --max-tokens N          ... after N tokens in and out
-  --max-wall DURATION     ... after this much wall time (90s, 15m, 2h, 1d)`;
+  --max-wall DURATION     ... after this much wall time (90s, 15m, 2h, 1d)
+  --session ID            the run's id (letters, digits, . _ -; not s1, s2... which Cairn assigns):
+                          the same command again continues or reports that run, never a second one`;
 
 const RESUME_HELP = `usage: cairn resume --db NAME --model SPEC [flags]
 
@@ -67,7 +81,13 @@ export async function runCommand(argv: readonly string[], io: Io): Promise<numbe
   if (!existsSync(cwd) || !statSync(cwd).isDirectory()) throw new UsageError(`cairn run: --cwd ${cwd} is not a directory.`);
   const validators = list(p, "validator").map((v) => splitCommand("run", v));
   const budgets = readBudgets(p);
-  return drive("run", p, io, async (h) => [await h.start({ goal, cwd, validators, budgets })]);
+  const chosen = str(p, "session");
+  if (chosen !== undefined) {
+    const bad = checkUserSessionId(chosen);
+    if (bad !== null) throw new UsageError(`cairn run: ${bad}`);
+  }
+  const request = { goal, validators, budgets };
+  return drive("run", p, io, { request, cwd, session: chosen });
 }
 
 export async function resumeCommand(argv: readonly string[], io: Io): Promise<number> {
@@ -77,25 +97,20 @@ export async function resumeCommand(argv: readonly string[], io: Io): Promise<nu
     return EXIT.ok;
   }
   if (p.positionals.length > 0) throw new UsageError(`cairn resume continues the runs already in the database and takes no goal; to start a new run use \`cairn run "GOAL" --db NAME\`.`);
-  for (const f of ["cwd", "validator", "max-rounds", "max-tokens", "max-wall"]) {
+  for (const f of ["cwd", "validator", "max-rounds", "max-tokens", "max-wall", "session"]) {
     if (p.values[f] !== undefined) throw new UsageError(`cairn resume: --${f} belongs to a new run; a resumed run keeps the settings it started with.`);
   }
-  return drive("resume", p, io, async (h, say) => {
-    const r = await h.resume();
-    if (r.sessions.length === 0) say("cairn: nothing to resume: every run in this database has ended");
-    else say(`cairn: resuming ${r.sessions.length} run(s): ${r.sessions.join(", ")}${r.recovered ? `; ${r.recovered} interrupted cell(s) recorded as UnknownExecution` : ""}`);
-    return r.sessions;
-  });
+  return drive("resume", p, io, null);
 }
 
-function readBudgets(p: Parsed): Budgets {
+export function readBudgets(p: Parsed, command = "run"): Budgets {
   const b: { max_rounds?: number; max_tokens?: number; max_wall_seconds?: number } = {};
-  const rounds = positiveInt(p, "run", "max-rounds");
+  const rounds = positiveInt(p, command, "max-rounds");
   if (rounds !== undefined) b.max_rounds = rounds;
-  const tokens = positiveInt(p, "run", "max-tokens");
+  const tokens = positiveInt(p, command, "max-tokens");
   if (tokens !== undefined) b.max_tokens = tokens;
   const wall = str(p, "max-wall");
-  if (wall !== undefined) b.max_wall_seconds = durationSeconds("run", "max-wall", wall);
+  if (wall !== undefined) b.max_wall_seconds = durationSeconds(command, "max-wall", wall);
   return b;
 }
 
@@ -110,55 +125,260 @@ export function makeModel(p: Parsed, command: string, env: NodeJS.ProcessEnv): M
   return createModel(spec, { env, ...(baseUrl !== undefined ? { baseUrl } : {}) });
 }
 
+interface RunPlan {
+  readonly request: StartRequest;
+  readonly cwd: string;
+  /** The id the user chose (--session), or undefined. */
+  readonly session: string | undefined;
+}
+
 /**
- * Opens the database, lets `begin` start or resume runs, prints progress, and waits for every one of
- * them to end. Exit: 0 all succeeded, 1 one failed, 3 fenced, 4 storage lost, 130/143 interrupted.
+ * `cairn run` and `cairn resume`. `resume` is an explicit takeover: it takes the owner lease from a
+ * live holder and opens (fencing it). `run` never fences a live owner: when one holds the database it
+ * hands the run over through the mailbox (a start request, as `cairn submit` does) and follows it,
+ * taking over only if that owner's lease ends first. As owner, either command first recovers every
+ * unfinished run (stopping survivors), then continues them all and starts its own; it returns when
+ * every run it drives has ended. Exit: 0 all succeeded, 1 one failed, 3 fenced, 4 storage lost,
+ * 130/143 interrupted.
  */
-async function drive(command: "run" | "resume", p: Parsed, io: Io, begin: (h: Harness, say: (s: string) => void) => Promise<readonly string[]>): Promise<number> {
+async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan | null): Promise<number> {
   const json = flag(p, "json");
   const say = (s: string) => (json ? io.err(s) : io.out(s));
   const name = dbName(p, command);
   const logger = makeLogger(p, "warn");
   const model = makeModel(p, command, io.env);
   const faults = chaosFaults(io.env);
-  const choice = await chooseStorage(p, command, io.env, logger);
-  let h: Harness;
+  let choice: StorageChoice;
   try {
-    h = await Harness.open({ storage: choice.storage, name, model, workDir: choice.dataDir, create: command === "run", logger, ...(faults ? { faults } : {}) });
+    choice = await chooseStorage(p, command, io.env, logger);
   } catch (err) {
-    await choice.storage.close().catch(() => undefined);
+    await model.close?.().catch(() => undefined);
     throw err;
   }
-  say(`cairn: database "${name}" (${choice.describe}), epoch ${h.epoch}, model ${model.name}`);
-  const unfollow = followProgress(h, json, io.out);
+  const storage = choice.storage;
   let interrupted: number | null = null;
+  let wake: (() => void) | null = null;
   const onSignal = (sig: NodeJS.Signals) => {
     interrupted = sig === "SIGINT" ? 130 : 143;
     io.err(`cairn: ${sig}: stopping; running cells are stopped and recorded as they are (resume later with \`cairn resume --db ${name}\`)`);
-    void h.close();
+    wake?.();
+    void h?.close();
   };
   process.once("SIGINT", onSignal);
   process.once("SIGTERM", onSignal);
+  let h: Harness | null = null;
+  let lease: HeldLease | "no-leases" | null = null;
+  let unfollow = () => {};
   try {
-    const sessions = await begin(h, say);
+    // A run given by id that exists already: report it, or continue it (a scheduler's retry).
+    let session: string | undefined = plan?.session;
+    let posted = false;
+    if (plan !== null && session !== undefined) {
+      const known = await lookUp(storage, name, session);
+      if (known.kind === "session") {
+        if (!sameRequest(plan.request, known.session)) throw new UsageError(`cairn run: run "${session}" already exists in database "${name}" with another goal or settings; choose another --session.`);
+        if (known.session.terminal !== null) {
+          say(`cairn: run ${session} already ended: ${known.session.terminal.result}: ${known.session.terminal.reason}`);
+          return known.session.terminal.result === "success" ? EXIT.ok : EXIT.failure;
+        }
+        posted = true; // it exists: whoever owns the database drives it
+      } else if (known.kind === "pending") {
+        if (!sameRequest(plan.request, known.request)) throw new UsageError(`cairn run: a run "${session}" with another goal or settings is already waiting in database "${name}"'s mailbox; choose another --session.`);
+        posted = true;
+      }
+    }
+    // Take the owner lease; while a live owner holds it, hand the run over and follow it.
+    let follower: Follower | null = null;
+    let outcome: number | null = null;
+    lease = await takeLease({
+      storage,
+      name,
+      role: command,
+      force: command === "resume",
+      logger,
+      stopped: () => interrupted !== null || outcome !== null,
+      wake: (w) => (wake = w),
+      onStandby: async (view) => {
+        if (plan === null) return;
+        if (follower === null) {
+          const f = new Follower();
+          await f.poll(storage, name);
+          if (!posted) {
+            session ??= assignedSubmitId();
+            await postStart(storage, name, session, plan.request);
+            posted = true;
+          }
+          say(`cairn: database "${name}" is ${view ? describeHolder(view) : "owned by a live worker"}; handed run ${session} to it (no takeover); following it${p.values.cwd !== undefined ? " (it runs in that worker's --cwd, not --cwd given here)" : ""}`);
+          unfollow = followProgress(f, json, io.out);
+          follower = f;
+        }
+        await follower.poll(storage, name).catch(() => undefined);
+        const s = follower.session(session!);
+        if (s?.terminal) {
+          say(`cairn: run ${session} ${s.terminal.result === "success" ? "succeeded" : "failed"}: ${s.terminal.reason}`);
+          outcome = s.terminal.result === "success" ? EXIT.ok : EXIT.failure;
+        }
+      },
+    });
+    unfollow();
+    if (lease === null) return interrupted ?? outcome ?? EXIT.ok;
+    const held = lease;
+    try {
+      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, create: command === "run", logger, submitCwd: plan?.cwd ?? process.cwd(), ...(faults ? { faults } : {}) });
+    } catch (err) {
+      if (held !== "no-leases") await held.release();
+      lease = null;
+      throw err;
+    }
+    const harness = h;
+    if (held !== "no-leases") {
+      await held.update(harness.epoch);
+      held.onLost((why) => {
+        io.err(`cairn: lost the owner lease of "${name}" (${why}); stopping`);
+        void harness.close();
+      });
+    }
+    say(`cairn: database "${name}" (${choice.describe}), epoch ${harness.epoch}, model ${model.name}`);
+    unfollow = followProgress(harness, json, io.out);
+    // Recovery of every unfinished run (survivors stopped) comes before anything new launches.
+    const r = await harness.resume();
+    if (command === "resume") {
+      if (r.sessions.length === 0) say("cairn: nothing to resume: every run in this database has ended");
+      else say(`cairn: resuming ${r.sessions.length} run(s): ${r.sessions.join(", ")}${r.recovered ? `; ${r.recovered} interrupted cell(s) recorded as UnknownExecution` : ""}`);
+    } else if (r.sessions.length > 0) {
+      say(`cairn: continuing ${r.sessions.length} unfinished run(s) of the last owner: ${r.sessions.join(", ")}${r.recovered ? `; ${r.recovered} interrupted cell(s) recorded as UnknownExecution` : ""}`);
+    }
+    const sessions = [...r.sessions];
+    if (plan !== null) {
+      if (posted && session !== undefined) {
+        // Exists, or waits in the mailbox: the drain at open starts it; wait for it below.
+        if (!sessions.includes(session)) sessions.push(session);
+      } else {
+        const id = await harness.start({ goal: plan.request.goal, cwd: plan.cwd, validators: plan.request.validators, budgets: plan.request.budgets, ...(session !== undefined ? { id: session } : {}) });
+        sessions.push(id);
+      }
+    }
+    if (sessions.length > 0 && session !== undefined && !sessions.includes(session)) sessions.push(session);
     const outcomes: RunOutcome[] = [];
-    for (const s of sessions) outcomes.push(await h.wait(s));
+    for (const s of sessions) outcomes.push(await harness.wait(s));
     for (const o of outcomes) say(`cairn: run ${o.session} ${o.result === "success" ? "succeeded" : "failed"}: ${o.reason}`);
     return outcomes.some((o) => o.result === "failure") ? EXIT.failure : EXIT.ok;
   } catch (err) {
     if (interrupted !== null) return interrupted;
-    if (h.status === "fenced") {
+    if (h !== null && h.status === "fenced") {
       io.err(`cairn: fenced: another process opened database "${name}"; this one stopped its cells and exits. Do not restart it here unless the other owner is gone.`);
       return EXIT.fenced;
     }
-    if (h.status === "open" && !hasCode(err, "reset")) io.err(`cairn: the run is not over; continue it with \`cairn resume --db ${name}\` once the cause below is fixed.`);
+    if (h !== null && h.status === "open" && !hasCode(err, "reset")) io.err(`cairn: the run is not over; continue it with \`cairn resume --db ${name}\` once the cause below is fixed.`);
     throw err;
   } finally {
     process.off("SIGINT", onSignal);
     process.off("SIGTERM", onSignal);
     unfollow();
-    await h.close();
+    if (h !== null) await h.close();
+    if (lease !== null && lease !== "no-leases") await lease.release();
     await model.close?.().catch(() => undefined);
-    await choice.storage.close().catch(() => undefined);
+    await storage.close().catch(() => undefined);
+  }
+}
+
+/** Follows a database as a reader (no ownership): progress of a run handed to its live owner. */
+class Follower implements ProgressView {
+  private readonly reducer = new Reducer();
+  private readonly listeners = new Set<(events: readonly LogEvent[]) => void>();
+
+  sessions(): readonly string[] {
+    return this.reducer.projection().order;
+  }
+
+  session(id: string): SessionProjection | undefined {
+    return this.reducer.session(id);
+  }
+
+  follow(listener: (events: readonly LogEvent[]) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  async poll(storage: Storage, name: string): Promise<void> {
+    let reader;
+    try {
+      reader = await storage.reader(name);
+    } catch (err) {
+      if (hasCode(err, "not_found")) return;
+      throw err;
+    }
+    try {
+      for (;;) {
+        const batch = await reader.read(this.reducer.headSeq, 5000);
+        if (batch.length === 0) return;
+        const events = batch.map((e) => parseLogEvent(e));
+        this.reducer.apply(events);
+        for (const l of this.listeners) l(events);
+      }
+    } finally {
+      await reader.close().catch(() => undefined);
+    }
+  }
+}
+
+/** What a database holds under a session id: the run, a start request waiting in the mailbox, or nothing. */
+export async function lookUp(
+  storage: Storage,
+  name: string,
+  session: string,
+): Promise<{ kind: "session"; session: SessionProjection } | { kind: "pending"; request: StartRequest } | { kind: "none" }> {
+  let reader;
+  try {
+    reader = await storage.reader(name);
+  } catch (err) {
+    if (hasCode(err, "not_found")) return { kind: "none" };
+    throw err;
+  }
+  try {
+    const r = new Reducer();
+    for (;;) {
+      const batch = await reader.read(r.headSeq, 5000);
+      if (batch.length === 0) break;
+      r.apply(batch.map((e) => parseLogEvent(e)));
+    }
+    const s = r.session(session);
+    if (s !== undefined) return { kind: "session", session: s };
+    const mail = (await reader.pending?.()) ?? [];
+    const m = mail.find((x) => x.kind === START_REQUEST_KIND && x.id === startRequestId(session));
+    if (m !== undefined) {
+      const parsed = StartRequest.safeParse(m.payload);
+      if (parsed.success) return { kind: "pending", request: parsed.data };
+    }
+    return { kind: "none" };
+  } finally {
+    await reader.close().catch(() => undefined);
+  }
+}
+
+/**
+ * Posts the start request of run `session` to `name`'s mailbox (creating the database when it does
+ * not exist: `run` and `submit` may). A retry with the same request is a no-op.
+ */
+export async function postStart(storage: Storage, name: string, session: string, request: StartRequest): Promise<void> {
+  const message = { id: startRequestId(session), session, kind: START_REQUEST_KIND, payload: request, at: new Date().toISOString() };
+  try {
+    await storage.post(name, message);
+  } catch (err) {
+    if (hasCode(err, "not_found")) {
+      // Nobody has created it: create it (epoch 1, no owner fenced: there was none) and post again.
+      const db = await storage.open(name, { create: true });
+      await db.close();
+      await storage.post(name, message);
+      return;
+    }
+    if (err instanceof StorageRejected && err.reason === "conflict") {
+      // The same id posted before (another `at`): the same request is a retry; another one is a conflict.
+      const known = await lookUp(storage, name, session);
+      if (known.kind === "pending" && sameRequest(request, known.request)) return;
+      if (known.kind === "session" && sameRequest(request, known.session)) return;
+      throw new UsageError(`run "${session}" was already submitted to database "${name}" with another goal or settings; choose another --session.`);
+    }
+    throw err;
   }
 }

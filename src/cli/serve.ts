@@ -1,77 +1,214 @@
 /**
- * `cairn serve`: the long-running worker a job scheduler starts. Opens the database (taking it over),
- * resumes unfinished runs, serves /metrics, /healthz and /readyz, idles at near-zero CPU, shuts down
- * cleanly on SIGTERM, and exits 3 when fenced.
+ * `cairn serve`: the long-running worker a job scheduler starts, safe under any restart policy.
+ *
+ * Start-up order: every flag is parsed and validated, the listen port is bound, then the database is
+ * looked at (it must exist unless --create), then the owner lease is taken: while a live owner holds it
+ * the worker waits in standby (/readyz 503 "standby: owned by HOST since ..."), and takes over when
+ * that lease ends. It never fences a live owner on its own; `--takeover` (or `cairn resume`) does.
+ * As owner it resumes unfinished runs, starts submitted ones, serves /metrics, /healthz and /readyz,
+ * idles at near-zero CPU, stops cleanly on SIGTERM, and exits 3 when fenced (after --fenced-linger,
+ * so that scrapes see the fence).
  */
+import { existsSync, statSync } from "node:fs";
+import { resolve } from "node:path";
 import { Harness } from "../harness/harness.js";
-import { Metrics } from "../observability/metrics.js";
-import { startObservabilityServer } from "../observability/server.js";
-import { parse, str, UsageError } from "./args.js";
+import { Metrics, type WorkerState } from "../observability/metrics.js";
+import { parseListen, startObservabilityServer, type ObservabilityServer } from "../observability/server.js";
+import type { HeldLease, LeaseView } from "../storage/contract.js";
+import { durationSeconds, flag, parse, str, UsageError } from "./args.js";
 import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 import { makeLogger, makeModel } from "./run.js";
 import { chaosFaults } from "./chaos.js";
+import { describeHolder, envName, fillFromEnv, takeLease } from "./owner.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
+import { hasCode } from "../errors.js";
 
-/** How long a fenced worker keeps /readyz (503) and /metrics up before it exits 3. */
-const FENCED_LINGER_MS = 1500;
+export const SERVE_FLAGS = {
+  ...STORAGE_FLAGS,
+  model: { type: "string" },
+  "base-url": { type: "string" },
+  listen: { type: "string" },
+  "log-level": { type: "string" },
+  cwd: { type: "string" },
+  create: { type: "boolean" },
+  takeover: { type: "boolean" },
+  lease: { type: "string" },
+  "fenced-linger": { type: "string" },
+} as const;
 
-const HELP = `usage: cairn serve --db NAME --model SPEC [--listen HOST:PORT] [--log-level LEVEL]
+const HELP = `usage: cairn serve --db NAME --model SPEC [--listen HOST:PORT] [flags]
 
-The worker a job scheduler runs: takes database NAME over, resumes its unfinished runs, and serves
-/metrics (Prometheus), /healthz (alive) and /readyz (owns the database and reaches its storage) on
---listen (default 127.0.0.1:9464). SIGTERM: stop launching, stop running cells (recorded as they
-are), close the storage, exit 0. Fenced by another opener: exit 3; do not restart it here.
+The worker a job scheduler runs (restart it on any exit). Binds --listen first, then waits in standby
+while another live process owns database NAME (its owner lease is renewed), takes it over when that
+lease ends, recovers and continues its unfinished runs, and starts runs submitted with \`cairn
+submit\`. Serves /metrics (Prometheus), /healthz (alive) and /readyz (200 only while it owns the
+database) on --listen. SIGTERM: stop launching, stop running cells (recorded as they are), exit 0.
+Fenced by an explicit takeover elsewhere: /readyz 503 for --fenced-linger, then exit 3.
 ${STORAGE_HELP}
-  --model SPEC            as for cairn run
+  --model SPEC            as for cairn run (the model of every run this worker drives)
   --base-url URL          the provider's base URL
-  --log-level LEVEL       default info; JSON lines on stderr (human-readable on a terminal)`;
+  --listen HOST:PORT      default 127.0.0.1:9464 (port 0 picks a free one)
+  --cwd DIR               where submitted runs execute (default: the current directory)
+  --create                create the database when it does not exist (otherwise that is exit 2)
+  --takeover              take the database from a live owner (fences it); for operators only
+  --lease DURATION        the owner lease length (default 10s): a standby takes over at most this
+                          long after the owner stopped renewing
+  --fenced-linger DURATION  how long a fenced worker keeps answering before exit 3 (default 30s)
+  --log-level LEVEL       default info; JSON lines on stderr (human-readable on a terminal)
+
+Every flag can also come from the environment: CAIRN_ + the flag in upper case with underscores
+(CAIRN_DB, CAIRN_MODEL, CAIRN_LISTEN, CAIRN_DATA_DIR, CAIRN_TAKEOVER=true, ...; --etcd is
+CAIRN_ETCD_ENDPOINTS). The command line wins.`;
 
 export async function serveCommand(argv: readonly string[], io: Io): Promise<number> {
-  const p = parse("serve", argv, { ...STORAGE_FLAGS, model: { type: "string" }, "base-url": { type: "string" }, listen: { type: "string" }, "log-level": { type: "string" } });
+  const p = parse("serve", argv, SERVE_FLAGS);
   if (p.values.help) {
     io.out(HELP);
     return EXIT.ok;
   }
-  if (p.positionals.length > 0) throw new UsageError(`cairn serve takes no goal; it resumes the runs already in the database.`);
+  if (p.positionals.length > 0) throw new UsageError(`cairn serve takes no goal; it drives the runs in the database (submit new ones with \`cairn submit\`).`);
+  // 1. Every flag, before anything touches the network or the database.
+  fillFromEnv(p, "serve", io.env, SERVE_FLAGS);
   const name = dbName(p, "serve");
-  const logger = makeLogger(p, "info");
-  const model = makeModel(p, "serve", io.env);
   const listen = str(p, "listen") ?? "127.0.0.1:9464";
-  const choice = await chooseStorage(p, "serve", io.env, logger);
-  const metrics = new Metrics({ adapter: choice.adapter });
-  let h: Harness;
   try {
-    const faults = chaosFaults(io.env);
-    h = await Harness.open({ storage: choice.storage, name, model, workDir: choice.dataDir, logger, metrics, ...(faults ? { faults } : {}) });
+    parseListen(listen);
   } catch (err) {
-    await choice.storage.close().catch(() => undefined);
+    throw new UsageError(`cairn serve: ${(err as Error).message}${p.values.listen !== undefined && io.env[envName("listen")] === listen ? " (from CAIRN_LISTEN)" : ""}`);
+  }
+  const lingerMs = durationSeconds("serve", "fenced-linger", str(p, "fenced-linger") ?? "30s") * 1000;
+  const cwd = resolve(str(p, "cwd") ?? ".");
+  if (!existsSync(cwd) || !statSync(cwd).isDirectory()) throw new UsageError(`cairn serve: --cwd ${cwd} is not a directory.`);
+  const create = flag(p, "create");
+  const takeover = flag(p, "takeover");
+  const logger = makeLogger(p, "info");
+  const faults = chaosFaults(io.env);
+  const model = makeModel(p, "serve", io.env);
+  let choice;
+  try {
+    choice = await chooseStorage(p, "serve", io.env, logger);
+  } catch (err) {
+    await model.close?.().catch(() => undefined);
     throw err;
   }
+  const storage = choice.storage;
+  const metrics = new Metrics({ adapter: choice.adapter, db: name });
+  let state: WorkerState = "starting";
+  let holder: LeaseView | null = null;
+  let h: Harness | null = null;
+  let reason = "starting";
+  const setState = (s: WorkerState, why: string) => {
+    state = s;
+    reason = why;
+    metrics.workerState(s, s === "owner");
+  };
+  setState("starting", "starting: checking the database");
   metrics.onScrape(() => {
-    if (h.status === "open") h.refreshMetrics();
+    if (h !== null && h.status === "open") h.refreshMetrics();
+    metrics.workerState(state, state === "owner" && h !== null && h.status === "open");
   });
-  const server = await startObservabilityServer({
-    listen,
-    metrics,
-    logger,
-    ready: () => (h.status === "open" ? { ready: true, reason: `owns "${name}" at epoch ${h.epoch}` } : { ready: false, reason: `${h.status}: this process no longer owns "${name}"` }),
-  });
-  logger.info({ url: server.url, epoch: h.epoch }, "serving");
-  io.err(`cairn: serving database "${name}" (${choice.describe}) at epoch ${h.epoch}; metrics on ${server.url}/metrics`);
-  const stopped = new Promise<"fenced" | "poisoned" | "closed">((resolve) => h.onStop((status) => resolve(status === "open" ? "closed" : status)));
-  const terminated = new Promise<"term">((resolve) => {
-    process.once("SIGTERM", () => resolve("term"));
-    process.once("SIGINT", () => resolve("term"));
-  });
+
+  // 2. Bind the port: a busy or forbidden port is a configuration problem (exit 2), found before the
+  // database is touched, so it can never cost a healthy owner its database.
+  let server: ObservabilityServer;
   try {
-    await h.resume();
-    const why = await Promise.race([stopped, terminated]);
-    if (why === "fenced") {
-      logger.error({ db: name }, "fenced: another process opened the database; exiting with code 3 (do not restart here)");
-      io.err(`cairn: fenced: another process opened database "${name}"; exiting. Do not restart it here unless the other owner is gone.`);
-      // Keep answering for a moment: /readyz says why (503) and a scrape can see the fence counter.
-      await new Promise((r) => setTimeout(r, FENCED_LINGER_MS));
+    server = await startObservabilityServer({
+      listen,
+      metrics,
+      logger,
+      ready: () => {
+        if (state === "owner" && h !== null && h.status === "open") return { ready: true, reason: `owns "${name}" at epoch ${h.epoch}` };
+        if (state === "owner" && h !== null) return { ready: false, reason: `${h.status}: this process no longer owns "${name}"` };
+        return { ready: false, reason };
+      },
+    });
+  } catch (err) {
+    await model.close?.().catch(() => undefined);
+    await storage.close().catch(() => undefined);
+    const code = (err as NodeJS.ErrnoException).code;
+    const why = code === "EADDRINUSE" ? "the port is already in use" : code === "EACCES" ? "permission denied (ports below 1024 need privileges)" : code === "EADDRNOTAVAIL" ? "no interface has that address" : (err as Error).message;
+    throw new UsageError(`cairn serve: cannot listen on ${listen}: ${why}; choose another --listen.`);
+  }
+
+  let terminated = false;
+  let wakeStandby: (() => void) | null = null;
+  let onSig = () => {};
+  const terminatedP = new Promise<"term">((resolvePromise) => {
+    onSig = () => {
+      terminated = true;
+      wakeStandby?.();
+      resolvePromise("term");
+    };
+  });
+  process.once("SIGTERM", onSig);
+  process.once("SIGINT", onSig);
+  let lease: HeldLease | "no-leases" | null = null;
+  try {
+    // 3. The database must exist (a typo must not create an empty one and report ready).
+    if (!create) {
+      try {
+        await (await storage.reader(name)).close();
+      } catch (err) {
+        if (hasCode(err, "not_found")) {
+          throw new UsageError(`cairn serve: database "${name}" does not exist in ${choice.describe}; check --db, or pass --create to create it.`);
+        }
+        throw err;
+      }
+    }
+    // 4. Standby until the owner lease is ours.
+    lease = await takeLease({
+      storage,
+      name,
+      role: "serve",
+      force: takeover,
+      logger,
+      stopped: () => terminated,
+      wake: (w) => (wakeStandby = w),
+      onStandby: (view) => {
+        const first = state !== "standby";
+        holder = view;
+        setState("standby", view === null ? `standby: cannot read the owner lease of "${name}" yet; retrying` : `standby: ${describeHolder(view)}; waiting for its lease to end`);
+        if (first) {
+          logger.info({ db: name, owner: holder?.owner ?? null }, "standby: another live process owns the database");
+          io.err(`cairn: standby: database "${name}" is ${view === null ? "not reachable yet" : describeHolder(view)}; taking over when its lease ends (or run with --takeover)`);
+        }
+      },
+    });
+    if (lease === null) {
+      logger.info({}, "SIGTERM in standby: exiting");
+      return EXIT.ok;
+    }
+    const held = lease;
+    try {
+      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, logger, metrics, create, submitCwd: cwd, ...(faults ? { faults } : {}) });
+    } catch (err) {
+      if (held !== "no-leases") await held.release();
+      lease = null;
+      throw err;
+    }
+    const harness = h;
+    let leaseLost: string | null = null;
+    if (held !== "no-leases") {
+      await held.update(harness.epoch);
+      held.onLost((why) => {
+        logger.error({ why }, "lost the owner lease: stopping (another worker may take the database over)");
+        leaseLost = why;
+        void harness.close();
+      });
+    }
+    setState("owner", `owns "${name}" at epoch ${harness.epoch}`);
+    logger.info({ url: server.url, epoch: harness.epoch }, "serving");
+    io.err(`cairn: serving database "${name}" (${choice.describe}) at epoch ${harness.epoch}; metrics on ${server.url}/metrics`);
+    const stopped = new Promise<"fenced" | "poisoned" | "closed">((r) => harness.onStop((status) => r(status === "open" ? "closed" : status)));
+    await harness.resume();
+    const why = terminated ? "term" : await Promise.race([stopped, terminatedP]);
+    if (why === "fenced" || (why === "closed" && leaseLost !== null)) {
+      setState("fenced", `fenced: this process no longer owns "${name}"`);
+      logger.error({ db: name }, "fenced: another process took the database over; exiting with code 3");
+      io.err(`cairn: fenced: another process took database "${name}" over${leaseLost !== null ? ` (${leaseLost})` : ""}; exiting with code 3. Restarted, this worker waits in standby.`);
+      // Keep answering for a while: /readyz says why (503) and scrapes see cairn_worker_state{state="fenced"}.
+      await Promise.race([new Promise((r) => setTimeout(r, lingerMs)), terminatedP]);
       return EXIT.fenced;
     }
     if (why === "poisoned") {
@@ -81,9 +218,13 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     logger.info({}, "SIGTERM: shutting down");
     return EXIT.ok;
   } finally {
-    await h.close();
+    process.off("SIGTERM", onSig);
+    process.off("SIGINT", onSig);
+    setState("stopping", "stopping");
+    if (h !== null) await h.close();
+    if (lease !== null && lease !== "no-leases") await lease.release();
     await server.close();
     await model.close?.().catch(() => undefined);
-    await choice.storage.close().catch(() => undefined);
+    await storage.close().catch(() => undefined);
   }
 }

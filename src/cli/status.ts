@@ -8,7 +8,8 @@ import { flag, parse, str, UsageError } from "./args.js";
 import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
-import type { Storage } from "../storage/contract.js";
+import type { OwnerInfo, PostedMessage, Storage } from "../storage/contract.js";
+import { START_REQUEST_KIND, StartRequest } from "../harness/start-request.js";
 
 const HELP = `usage: cairn status --db NAME [--session ID] [--json]
 
@@ -27,7 +28,8 @@ export async function statusCommand(argv: readonly string[], io: Io): Promise<nu
   const name = dbName(p, "status");
   const choice = await chooseStorage(p, "status", io.env);
   try {
-    const inspection = await readInspection(choice.storage, name, str(p, "session"));
+    const base = await readInspection(choice.storage, name, str(p, "session"));
+    const inspection = await withOwnership(choice.storage, name, base);
     if (flag(p, "json")) io.out(JSON.stringify(inspection, null, 2));
     else for (const line of renderStatus(inspection)) io.out(line);
     return EXIT.ok;
@@ -55,11 +57,45 @@ export async function readInspection(storage: Storage, name: string, session?: s
   }
 }
 
-function renderStatus(i: Inspection): string[] {
+/** What `cairn status` adds to cairn.status/1: the owner (and whether it is gone) and waiting start requests. */
+export interface OwnershipView {
+  /** The owner lease: null when none is recorded (or the adapter keeps none). `live` false: the owner is gone. */
+  owner: (OwnerInfo & { live: boolean }) | null;
+  /** Runs submitted and not yet started by an owner. */
+  pending_starts: { session: string; goal: string; submitted_at: string }[];
+}
+
+async function withOwnership(storage: Storage, name: string, i: Inspection): Promise<Inspection & OwnershipView> {
+  const view = (await storage.leases?.read(name)) ?? null;
+  const owner = view === null ? null : { ...view.owner, live: view.live };
+  const reader = await storage.reader(name);
+  let mail: PostedMessage[] = [];
+  try {
+    mail = (await reader.pending?.()) ?? [];
+  } finally {
+    await reader.close().catch(() => undefined);
+  }
+  const pending_starts = mail
+    .filter((m) => m.kind === START_REQUEST_KIND)
+    .map((m) => {
+      const r = StartRequest.safeParse(m.payload);
+      return { session: m.session, goal: r.success ? r.data.goal : "(malformed request)", submitted_at: m.at };
+    });
+  // Without a live owner nobody drives an unfinished run: say so instead of "running".
+  const ownerGone = storage.leases !== undefined && (owner === null || !owner.live);
+  const sessions = i.sessions.map((s) => (s.status === "running" && ownerGone ? { ...s, status: "owner_gone" as Inspection["sessions"][number]["status"] } : s));
+  return { ...i, sessions, owner, pending_starts };
+}
+
+function renderStatus(i: Inspection & OwnershipView): string[] {
   const out = [`database ${i.db}: ${i.sessions.length} run(s), ${i.head} events`];
+  if (i.owner === null) out.push(`owner: none (no worker holds this database; start one with \`cairn serve\`, or \`cairn resume\`)`);
+  else if (i.owner.live) out.push(`owner: ${i.owner.host} pid ${i.owner.pid} (${i.owner.role}) since ${i.owner.since}${i.owner.epoch !== null ? `, epoch ${i.owner.epoch}` : ""}`);
+  else out.push(`owner: GONE (last ${i.owner.host} pid ${i.owner.pid}, ${i.owner.role}, since ${i.owner.since}; its lease ended): unfinished runs wait for \`cairn serve\` or \`cairn resume\``);
+  for (const p of i.pending_starts) out.push(`pending start: ${p.session} (submitted ${p.submitted_at}): ${p.goal.replace(/\s+/g, " ").slice(0, 120)}`);
   for (const s of i.sessions) {
     out.push("");
-    out.push(`run ${s.id}: ${s.status}${s.result ? ` (${s.result.reason})` : ""}`);
+    out.push(`run ${s.id}: ${s.status === "owner_gone" ? "unfinished, owner gone (nobody drives it)" : s.status}${s.result ? ` (${s.result.reason})` : ""}`);
     out.push(`  goal: ${s.goal}`);
     out.push(`  cwd: ${s.cwd}; revision ${s.revision}; ${s.rounds} round(s); tokens ${s.usage.input_tokens} in, ${s.usage.output_tokens} out; ${s.usage.attempts} attempt(s)${s.usage.unknown_usage_attempts ? ` (${s.usage.unknown_usage_attempts} with unknown usage)` : ""}`);
     const exec = new Map(s.executions.map((e) => [e.cell_id, e]));

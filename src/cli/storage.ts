@@ -7,7 +7,7 @@ import { isValidDatabaseName } from "../storage/semantics.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import type { Logger } from "pino";
-import { type Parsed, str, flag, UsageError } from "./args.js";
+import { type Parsed, str, flag, UsageError, durationSeconds } from "./args.js";
 
 /** Flags every command that touches a database takes. */
 export const STORAGE_FLAGS = {
@@ -46,12 +46,15 @@ export function dbName(p: Parsed, command: string): string {
 export async function chooseStorage(p: Parsed, command: string, env: NodeJS.ProcessEnv, logger?: Logger): Promise<StorageChoice> {
   const kind = str(p, "storage") ?? "sqlite";
   const dataDir = resolve(str(p, "data-dir") ?? "./.cairn");
+  const leaseText = str(p, "lease") ?? env.CAIRN_LEASE;
+  const leaseMs = leaseText === undefined || leaseText === "" ? undefined : Math.round(durationSeconds(command, "lease", leaseText) * 1000);
+  if (leaseMs !== undefined && leaseMs < 1000) throw new UsageError(`cairn ${command}: --lease (CAIRN_LEASE) must be at least 1s, got "${leaseText}".`);
   if (kind === "memory") {
     const storage = createMemoryStorage();
     return { storage, adapter: storage.adapter, dataDir, describe: "memory (nothing survives this process)" };
   }
   if (kind === "sqlite") {
-    const storage = createSqliteStorage({ dataDir });
+    const storage = createSqliteStorage({ dataDir, ...(leaseMs !== undefined ? { leaseMs } : {}) });
     return { storage, adapter: storage.adapter, dataDir, describe: `sqlite in ${dataDir}` };
   }
   if (kind === "replicated") {
@@ -66,6 +69,7 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
       dataDir,
       onOutage,
       allowSmallCluster: flag(p, "allow-small-cluster"),
+      ...(leaseMs !== undefined ? { leaseMs } : {}),
       ...(logger ? { logger } : {}),
     });
     return { storage, adapter: storage.adapter, dataDir, describe: `replicated on etcd ${endpoints.join(",")} (cache in ${dataDir})` };

@@ -30,6 +30,7 @@ import { createCore, type HarnessCore, type HarnessFaults } from "./core.js";
 import type { Inspection } from "./inspect.js";
 import { summarize } from "./inspect.js";
 import { MailboxDelivery, postObservation } from "./mailbox.js";
+import { checkUserSessionId, isAssignedId, startRequested } from "./start-request.js";
 import type { OutsideObservation } from "./observations.js";
 import { defaultLimits, type HarnessLimits } from "./options.js";
 import { resubmit } from "./round.js";
@@ -55,6 +56,8 @@ export class Harness {
   private sessionsAllocated = 0;
   private closing: Promise<void> | null = null;
   private resuming: Promise<{ sessions: string[]; recovered: number }> | null = null;
+  private recovery: Promise<number> | null = null;
+  private submitCwd = process.cwd();
   private readonly listeners: Listeners;
   private readonly core: HarnessCore;
 
@@ -87,7 +90,9 @@ export class Harness {
     this.listeners = new Listeners(logger);
     this.drivers = new SessionDrivers(this.core);
     this.sleeper = new Sleeper(this.core.timers, () => this.statusValue === "open");
-    this.mailbox = new MailboxDelivery(this.core, db);
+    this.mailbox = new MailboxDelivery(this.core, db, (m) =>
+      startRequested(m, { session: (id) => this.reducer.session(id), start: (o) => this.start({ ...o, cwd: this.submitCwd }), logger: this.logger }),
+    );
   }
 
   /**
@@ -110,6 +115,7 @@ export class Harness {
       await db.close().catch(() => undefined);
       throw err;
     }
+    if (options.submitCwd !== undefined) h.submitCwd = options.submitCwd;
     options.metrics?.opened();
     options.metrics?.lastProgress(world.clock.now() / 1000);
     h.refreshMetrics();
@@ -152,13 +158,38 @@ export class Harness {
   async start(options: StartOptions): Promise<string> {
     this.assertOpen();
     if (options.goal.trim() === "") throw new ConfigError("the goal is empty; say what the agent should achieve.");
-    // Allocated synchronously: concurrent start() calls never pick the same id.
-    const id = `s${Math.max(this.reducer.projection().order.length, this.sessionsAllocated) + 1}`;
-    this.sessionsAllocated = Number(id.slice(1));
+    let id: string;
+    if (options.id !== undefined) {
+      const bad = isAssignedId(options.id) ? null : checkUserSessionId(options.id);
+      if (bad !== null) throw new ConfigError(bad);
+      if (this.reducer.session(options.id) !== undefined) throw new ConfigError(`session "${options.id}" already exists in database "${this.name}".`);
+      id = options.id;
+    } else {
+      // Allocated synchronously: concurrent start() calls never pick the same id.
+      id = `s${Math.max(this.reducer.projection().order.length, this.sessionsAllocated) + 1}`;
+      this.sessionsAllocated = Number(id.slice(1));
+    }
+    // Whichever command opened the database: every unfinished run is recovered (its survivors
+    // stopped) before anything new is launched.
+    await this.recoverAll();
     await this.commit([sessionCreated(id, options, this.core.nowIso())]);
     this.metrics?.runStarted();
     this.drivers.of(id).wake();
     return id;
+  }
+
+  /** Recovers every run unfinished at open, once (survivors stopped, lost cells UnknownExecution). */
+  private recoverAll(): Promise<number> {
+    if (this.recovery === null) {
+      const unfinished = this.reducer.projection().order.filter((id) => this.reducer.session(id)!.terminal === null);
+      this.recovery = (async () => {
+        let n = 0;
+        for (const id of unfinished) n += await this.drivers.of(id).recover();
+        return n;
+      })();
+      this.recovery.catch(() => (this.recovery = null));
+    }
+    return this.recovery;
   }
 
   /**
@@ -173,8 +204,9 @@ export class Harness {
   }
 
   private async resumeOnce(): Promise<{ sessions: string[]; recovered: number }> {
+    const recovered = await this.recoverAll();
     const unfinished = this.reducer.projection().order.filter((id) => this.reducer.session(id)!.terminal === null);
-    const recovered = await this.drivers.resume(unfinished);
+    await this.drivers.resume(unfinished);
     this.metrics?.resumed();
     this.logger.info({ sessions: unfinished, recovered }, "resumed");
     return { sessions: unfinished, recovered };

@@ -44,7 +44,8 @@ export interface SessionSummary {
   readonly cwd: string;
   readonly created_at: string;
   /** "running" until the run ends, then "success" or "failure". */
-  readonly status: "running" | "success" | "failure";
+  /** `owner_gone` (set by `cairn status` only): unfinished, and no live worker holds the database. */
+  readonly status: "running" | "owner_gone" | "success" | "failure";
   readonly result: { readonly result: "success" | "failure"; readonly reason: string; readonly at: string } | null;
   readonly revision: number;
   readonly rounds: number;

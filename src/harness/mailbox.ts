@@ -4,7 +4,8 @@
  * `inbox_received` commit each. Redelivery is a no-op (the observation id is the identity).
  */
 import { event, identity } from "../state/events.js";
-import type { Database } from "../storage/contract.js";
+import type { Database, PostedMessage } from "../storage/contract.js";
+import { START_REQUEST_KIND } from "./start-request.js";
 import { StorageRejected } from "../storage/errors.js";
 import { ConfigError } from "../errors.js";
 import type { HarnessCore } from "./core.js";
@@ -50,6 +51,8 @@ export class MailboxDelivery {
   constructor(
     private readonly host: HarnessCore,
     private readonly db: Database,
+    /** Handles a start request (start-request.ts): the run is started before later messages are judged. */
+    private readonly onStart: ((m: PostedMessage) => Promise<void>) | null = null,
   ) {}
 
   async drain(): Promise<void> {
@@ -80,6 +83,11 @@ export class MailboxDelivery {
     for (const m of messages) {
       if (full.has(m.session)) {
         leftBehind = true;
+        continue;
+      }
+      if (m.kind === START_REQUEST_KIND && this.onStart !== null) {
+        await this.onStart(m);
+        if (!leftBehind) ackTo = m.mseq;
         continue;
       }
       const s = host.session(m.session);

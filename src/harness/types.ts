@@ -25,6 +25,8 @@ export interface HarnessOpenOptions {
   readonly limits?: Partial<HarnessLimits>;
   /** Test-only fault points (see HarnessFaults). */
   readonly faults?: HarnessFaults;
+  /** Where runs submitted through the mailbox (start-request.ts) run (default: the current directory). */
+  readonly submitCwd?: string;
 }
 
 export interface StartOptions {
@@ -34,6 +36,8 @@ export interface StartOptions {
   /** Each validator is an argv run in `cwd` before a `success` conclusion is accepted. */
   readonly validators?: readonly (readonly string[])[];
   readonly budgets?: Budgets;
+  /** A session id the caller chose (see start-request.ts for the allowed form); default: the next `sN`. */
+  readonly id?: string;
 }
 
 export interface RunOutcome {

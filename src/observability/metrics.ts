@@ -31,7 +31,13 @@ export interface MetricsOptions {
   adapter?: string;
   /** Also collect Node's default process metrics (CPU, memory, event loop lag) on this registry; default true. */
   defaultMetrics?: boolean;
+  /** The database this process serves: every series then carries a `db` label (joins survive failover). */
+  db?: string;
 }
+
+/** What a `cairn serve` process is doing, exported one-hot as `cairn_worker_state{state}`. */
+export type WorkerState = "starting" | "standby" | "owner" | "fenced" | "stopping";
+const WORKER_STATES: readonly WorkerState[] = ["starting", "standby", "owner", "fenced", "stopping"];
 
 const COMMIT_OUTCOMES: readonly CommitOutcome[] = ["ok", "rejected", "uncertain", "fenced"];
 const EXECUTION_KINDS: readonly ExecutionKind[] = ["script", "cmd"];
@@ -99,6 +105,8 @@ export class Metrics {
   private readonly resumes: Counter;
   private readonly fencedTotal: Counter;
   private readonly owner: Gauge;
+  private readonly worker: Gauge<"state">;
+  private readonly workerReady: Gauge;
 
   private readonly executions: Counter<"kind" | "result">;
   private readonly executionDuration: Histogram<"kind">;
@@ -129,6 +137,7 @@ export class Metrics {
    */
   constructor(opts: MetricsOptions = {}) {
     const registry = opts.registry ?? new Registry();
+    if (opts.db !== undefined) registry.setDefaultLabels({ db: opts.db });
     this.registry = registry;
     const registers = [registry];
     // Registered first among Cairn metrics: its collect() runs the onScrape callbacks before any other
@@ -169,6 +178,8 @@ export class Metrics {
     this.resumes = new Counter({ name: "cairn_resumes_total", help: "Unfinished runs resumed after an open.", registers });
     this.fencedTotal = new Counter({ name: "cairn_ownership_fenced_total", help: "Times this process lost ownership to a newer opener (it must stop).", registers });
     this.owner = new Gauge({ name: "cairn_owner", help: "1 while this process owns its database, 0 before open and after being fenced or closing.", registers });
+    this.worker = new Gauge({ name: "cairn_worker_state", help: "1 for the state a cairn serve worker is in (starting, standby, owner, fenced, stopping), 0 for the others.", labelNames: ["state"], registers });
+    this.workerReady = new Gauge({ name: "cairn_worker_ready", help: "1 while this worker owns its database and /readyz answers 200; 0 in standby, fenced or stopping.", registers });
 
     this.executions = new Counter({ name: "cairn_executions_total", help: "Finished executions by cell kind and result.", labelNames: ["kind", "result"], registers });
     this.executionDuration = new Histogram({ name: "cairn_execution_duration_seconds", help: "Wall time of finished executions (UnknownExecution excluded: no known end).", labelNames: ["kind"], buckets: EXECUTION_BUCKETS, registers });
@@ -265,6 +276,12 @@ export class Metrics {
   /** The database was closed normally: `cairn_owner` goes to 0 (nothing is counted). */
   closed(): void {
     this.owner.set(0);
+  }
+
+  /** The worker's state (cairn serve): one-hot `cairn_worker_state`, and `cairn_worker_ready`. */
+  workerState(state: WorkerState, ready: boolean): void {
+    for (const s of WORKER_STATES) this.worker.set({ state: s }, s === state ? 1 : 0);
+    this.workerReady.set(ready ? 1 : 0);
   }
 
   /** An execution finished; `seconds` is null when its end is unknown (UnknownExecution). */

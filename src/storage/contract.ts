@@ -109,7 +109,50 @@ export interface Reader {
   readonly name: string;
   read(afterSeq?: number, limit?: number): Promise<LogEvent[]>;
   head(): Promise<number>;
+  /** Mailbox messages not yet acknowledged by the owner, in post order (read only; optional). */
+  pending?(): Promise<PostedMessage[]>;
   close(): Promise<void>;
+}
+
+/**
+ * Who owns a database, as its owner lease records it (liveness only, never safety: fencing by epoch
+ * stays the guarantee). `epoch` is null between taking the lease and claiming the epoch.
+ */
+export interface OwnerInfo {
+  readonly host: string;
+  readonly pid: number;
+  /** ISO time the holder took the lease. */
+  readonly since: string;
+  readonly epoch: number | null;
+  /** The command holding it: serve, run, resume. */
+  readonly role: string;
+}
+
+/** A lease as read by anyone: live while its holder keeps renewing it (itself, in its own process). */
+export interface LeaseView {
+  readonly owner: OwnerInfo;
+  readonly live: boolean;
+}
+
+/** A lease this process holds; renewed by this process until released or lost. */
+export interface HeldLease {
+  /** Records the epoch the holder claimed. */
+  update(epoch: number): Promise<void>;
+  /** Called once when the lease could not be renewed in time or was taken by a forced acquire. */
+  onLost(listener: (why: string) => void): void;
+  /** Stops renewing and removes the lease if it is still ours (a standby then takes over at once). */
+  release(): Promise<void>;
+}
+
+/**
+ * Owner leases of an adapter whose databases are shared by several processes (sqlite on one host,
+ * replicated anywhere). A starting worker that finds a live lease waits instead of taking over.
+ */
+export interface OwnerLeases {
+  readonly ttlMs: number;
+  read(name: string): Promise<LeaseView | null>;
+  /** Takes the lease unless a live holder has it (then null); `force` takes it regardless. */
+  acquire(name: string, owner: OwnerInfo, options?: { readonly force?: boolean }): Promise<HeldLease | null>;
 }
 
 export interface OpenOptions {
@@ -131,6 +174,8 @@ export interface Storage {
   post(name: string, message: MailboxMessage): Promise<void>;
   /** Names of the databases this storage holds. */
   list(): Promise<string[]>;
+  /** Owner leases (liveness for standby workers); absent on the memory adapter. */
+  readonly leases?: OwnerLeases;
   /** Releases shared resources (connections). Open databases should be closed first. */
   close(): Promise<void>;
 }

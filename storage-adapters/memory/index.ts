@@ -233,6 +233,11 @@ class MemoryReader implements Reader {
     return this.stored.events.length;
   }
 
+  async pending(): Promise<PostedMessage[]> {
+    this.guard();
+    return this.stored.mailbox.map((m) => ({ ...(JSON.parse(JSON.stringify(m.message)) as MailboxMessage), mseq: m.mseq }));
+  }
+
   async close(): Promise<void> {
     this.closed = true;
   }

@@ -242,9 +242,15 @@ async function memberStatuses(
   return { members: results, reachable, quorumHeld: withLeader * 2 > results.length };
 }
 
-async function waitHealthy(endpoints: readonly string[], timeoutMs: number, logFiles: readonly string[], tls?: DevClusterTls): Promise<void> {
+async function waitHealthy(
+  endpoints: readonly string[],
+  timeoutMs: number,
+  logFiles: readonly string[],
+  tls?: DevClusterTls,
+  auth: { username: string; password: string } | null = null,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
-  const client = new Etcd3({ ...clientCredentials(tls), hosts: [...endpoints], defaultCallOptions: () => ({ deadline: Date.now() + 2000 }) });
+  const client = new Etcd3({ ...clientCredentials(tls), hosts: [...endpoints], ...(auth ? { auth } : {}), defaultCallOptions: () => ({ deadline: Date.now() + 2000 }) });
   try {
     for (;;) {
       try {
@@ -252,7 +258,7 @@ async function waitHealthy(endpoints: readonly string[], timeoutMs: number, logF
         await client.get("cairn/health").string();
         const all = await Promise.all(
           endpoints.map(async (url) => {
-            const c = statusClient(url, null, tls);
+            const c = statusClient(url, auth, tls);
             try {
               return (await c.maintenance.status()).leader !== "0";
             } finally {
@@ -423,6 +429,7 @@ export async function clusterUp(options: DevClusterOptions): Promise<ClusterStat
     throw new ConfigError(`a dev cluster already runs from ${options.dir} (endpoints ${existing.endpoints.join(",")}); run \`cairn cluster down\` first`);
   }
   const binary = options.etcdBinary ?? "etcd";
+  if (existing && existing.members.every((m) => existsSync(m.dataDir))) return restartRecorded(binary, options, existing);
   const plans = await planMembers(options.dir, options.zones ?? DEV_ZONES);
   const token = `cairn-dev-${randomBytes(6).toString("hex")}`;
   const children = plans.map((p) => spawnMember(binary, p, memberArgs(p, plans, token), true));
@@ -454,6 +461,73 @@ export async function clusterUp(options: DevClusterOptions): Promise<ClusterStat
     throw err;
   }
   return state;
+}
+
+/** The members recorded in a state file, as plans (same names, ports and data directories). */
+function plansOf(state: ClusterState): MemberPlan[] {
+  return state.members.map((m) => ({ name: m.name, clientPort: Number(new URL(m.clientUrl).port), peerPort: Number(new URL(m.peerUrl).port), dataDir: m.dataDir, logFile: m.logFile }));
+}
+
+function writeState(dir: string, state: ClusterState): void {
+  writeFileSync(statePath(dir), JSON.stringify(state, null, 2), { mode: 0o600 });
+}
+
+/**
+ * `cairn cluster up` on a directory whose cluster was stopped: the same members on the same ports and
+ * data directories (their data holds the membership; the peer URLs are unchanged), so the cluster
+ * comes back with its data. A recorded port now taken by another process is a ConfigError.
+ */
+async function restartRecorded(binary: string, options: DevClusterOptions, existing: ClusterState): Promise<ClusterState> {
+  const plans = plansOf(existing);
+  await checkPortsFree(plans.flatMap((p) => [p.clientPort, p.peerPort]), options.dir);
+  const children = plans.map((p) => spawnMember(binary, p, memberArgs(p, plans, "unused-existing-data"), true));
+  const state: ClusterState = { ...existing, members: existing.members.map((m, i) => ({ ...m, pid: children[i]!.pid ?? -1 })) };
+  writeState(options.dir, state);
+  try {
+    await waitHealthy(state.endpoints, options.readyTimeoutMs ?? 30_000, plans.map((p) => p.logFile), undefined, existing.root);
+  } catch (err) {
+    await clusterDown(options.dir);
+    throw err;
+  }
+  return state;
+}
+
+async function checkPortsFree(ports: readonly number[], dir: string): Promise<void> {
+  for (const port of ports) {
+    const server = createServer();
+    const free = await new Promise<boolean>((resolve) => {
+      server.once("error", () => resolve(false));
+      server.listen(port, "127.0.0.1", () => server.close(() => resolve(true)));
+    });
+    if (!free) throw new ConfigError(`port ${port} recorded for the dev cluster in ${dir} is taken by another process; stop it, or remove ${dir} to start a new cluster`);
+  }
+}
+
+/** `cairn cluster stop MEMBER`: stops one member (a drill: the other two keep the quorum). Its data is kept. */
+export async function clusterMemberStop(dir: string, member: string): Promise<boolean> {
+  const state = readClusterState(dir);
+  const m = state?.members.find((x) => x.name === member);
+  if (!state || !m) throw new ConfigError(`no member "${member}" in the dev cluster of ${dir}${state ? ` (members: ${state.members.map((x) => x.name).join(", ")})` : ""}`);
+  if (!isOurEtcd(m.pid, m.dataDir)) return false;
+  process.kill(m.pid, "SIGTERM");
+  for (let i = 0; i < 50 && isOurEtcd(m.pid, m.dataDir); i++) await sleep(100);
+  if (isOurEtcd(m.pid, m.dataDir)) process.kill(m.pid, "SIGKILL");
+  for (let i = 0; i < 50 && isOurEtcd(m.pid, m.dataDir); i++) await sleep(100);
+  return true;
+}
+
+/** `cairn cluster start MEMBER`: starts one stopped member again on its ports and data; it rejoins. */
+export async function clusterMemberStart(dir: string, member: string, etcdBinary = "etcd"): Promise<boolean> {
+  const state = readClusterState(dir);
+  const i = state?.members.findIndex((x) => x.name === member) ?? -1;
+  if (!state || i < 0) throw new ConfigError(`no member "${member}" in the dev cluster of ${dir}${state ? ` (members: ${state.members.map((x) => x.name).join(", ")})` : ""}`);
+  const m = state.members[i]!;
+  if (isOurEtcd(m.pid, m.dataDir)) return false;
+  const plans = plansOf(state);
+  await checkPortsFree([plans[i]!.clientPort, plans[i]!.peerPort], dir);
+  const child = spawnMember(etcdBinary, plans[i]!, memberArgs(plans[i]!, plans, "unused-existing-data"), true);
+  writeState(dir, { ...state, members: state.members.map((x, j) => (j === i ? { ...x, pid: child.pid ?? -1 } : x)) });
+  return true;
 }
 
 /**

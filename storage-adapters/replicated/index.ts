@@ -11,7 +11,7 @@ import { readFileSync } from "node:fs";
 import { Etcd3, type IOptions } from "etcd3";
 import { ConfigError } from "../../src/errors.js";
 import type { LogEvent } from "../../src/state/events.js";
-import type { Database, MailboxMessage, OpenOptions, Reader, Storage } from "../../src/storage/contract.js";
+import type { Database, MailboxMessage, OpenOptions, PostedMessage, Reader, Storage } from "../../src/storage/contract.js";
 import { DatabaseNotFound, ResetError } from "../../src/storage/errors.js";
 import { closedHandle } from "../../src/storage/handle.js";
 import { checkRange, isValidDatabaseName } from "../../src/storage/semantics.js";
@@ -21,6 +21,7 @@ import type { ReplicatedDatabase } from "./database.js";
 import { HealthMonitor } from "./health.js";
 import { ROOT_PREFIX, keysOf } from "./layout.js";
 import { postMessage } from "./mailbox.js";
+import { replicatedLeases } from "./lease.js";
 import { checkMembers, openReplicatedDatabase } from "./open.js";
 import { kvsOf, prefixEnd, range } from "./ops.js";
 import { resolveOptions, type ReplicatedLogger, type ReplicatedOptions } from "./options.js";
@@ -84,6 +85,7 @@ export function createReplicatedStorage(options: ReplicatedOptions): Storage {
 
   return {
     adapter: "replicated",
+    leases: replicatedLeases(ctx, opts.leaseMs),
 
     async open(name: string, openOptions: OpenOptions = {}): Promise<Database> {
       ensureOpen();
@@ -128,6 +130,18 @@ export function createReplicatedStorage(options: ReplicatedOptions): Storage {
             return (await readEpochHead(ctx, keys)).head;
           } catch (err) {
             throw ctx.fail(err, "read the head of", name);
+          }
+        },
+        async pending(): Promise<PostedMessage[]> {
+          guard();
+          try {
+            const res = await ctx.txn([], [range(keys.mailPrefix, prefixEnd(keys.mailPrefix))]);
+            return kvsOf(res.responses, 0).map((kv) => ({
+              ...(JSON.parse(kv.value.toString("utf8")) as MailboxMessage),
+              mseq: Number(kv.key.toString("utf8").slice(keys.mailPrefix.length)),
+            }));
+          } catch (err) {
+            throw ctx.fail(err, "read the mailbox of", name);
           }
         },
         async close(): Promise<void> {

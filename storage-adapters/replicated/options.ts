@@ -27,6 +27,7 @@ const OptionsSchema = z.strictObject({
   backlogLimit: z.number().int().positive().default(1000),
   commitTimeoutMs: z.number().int().min(100).default(5000),
   healthIntervalMs: z.number().int().min(100).default(1000),
+  leaseMs: z.number().int().min(1000).default(10_000),
   logger: z.custom<ReplicatedLogger>((v) => typeof v === "object" && v !== null && ["info", "warn", "error"].every((k) => typeof (v as Record<string, unknown>)[k] === "function"), {
     message: "logger must have info, warn and error methods (pino-compatible)",
   }).optional(),
@@ -59,6 +60,8 @@ export interface ReplicatedOptions {
   readonly commitTimeoutMs?: number;
   /** How often members' health is polled for stats(), in ms (default 1000). */
   readonly healthIntervalMs?: number;
+  /** Length of an owner lease (lease.ts) in ms, rounded up to whole seconds (default 10000). */
+  readonly leaseMs?: number;
   readonly logger?: ReplicatedLogger;
   readonly faults?: FaultHook;
 }

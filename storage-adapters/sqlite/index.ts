@@ -14,6 +14,7 @@ import {
   type FaultHook,
   type MailboxMessage,
   type OpenOptions,
+  type PostedMessage,
   type Reader,
   type Storage,
 } from "../../src/storage/contract.js";
@@ -23,6 +24,7 @@ import { checkDatabaseName, isValidDatabaseName, mailboxFull, messageConflict, p
 import { claimOwnership, openReadOnly, openWritable, type Connection } from "./connection.js";
 import { SqliteDatabase, Statements } from "./database.js";
 import { mapSqliteError } from "./errors.js";
+import { sqliteLeases } from "./lease.js";
 
 /** Options of the sqlite adapter. */
 export interface SqliteStorageOptions {
@@ -32,7 +34,12 @@ export interface SqliteStorageOptions {
   readonly faults?: FaultHook;
   /** How often `watch` polls for a fence or new mail, in ms (default 500). */
   readonly fencePollMs?: number;
+  /** Length of an owner lease (lease.ts), in ms (default DEFAULT_LEASE_MS). */
+  readonly leaseMs?: number;
 }
+
+/** The default owner lease length: a standby takes over at most this long after its owner froze. */
+export const DEFAULT_LEASE_MS = 10_000;
 
 /** The default `watch` poll interval. */
 export const DEFAULT_FENCE_POLL_MS = 500;
@@ -47,6 +54,8 @@ export function createSqliteStorage(options: SqliteStorageOptions): Storage {
   const pollMs = options.fencePollMs ?? DEFAULT_FENCE_POLL_MS;
   if (typeof dataDir !== "string" || dataDir === "") throw new ConfigError("sqlite storage: dataDir is required (--data-dir).");
   if (!Number.isFinite(pollMs) || pollMs <= 0) throw new ConfigError(`sqlite storage: fencePollMs must be a positive number of ms, got ${String(pollMs)}.`);
+  const leaseMs = options.leaseMs ?? DEFAULT_LEASE_MS;
+  if (!Number.isFinite(leaseMs) || leaseMs < 100) throw new ConfigError(`sqlite storage: leaseMs must be at least 100 ms, got ${String(leaseMs)}.`);
   const open = new Set<{ close(): Promise<void> }>();
   const pathOf = (name: string) => join(dataDir, `${name}.db`);
   /** The file of an existing database, or DatabaseNotFound. */
@@ -58,6 +67,7 @@ export function createSqliteStorage(options: SqliteStorageOptions): Storage {
 
   return {
     adapter: "sqlite",
+    leases: sqliteLeases(dataDir, leaseMs),
 
     async open(name: string, openOptions: OpenOptions = {}): Promise<Database> {
       checkDatabaseName(name);
@@ -166,6 +176,15 @@ class SqliteReader implements Reader {
 
   async head(): Promise<number> {
     return this.run("head", () => this.s.head.get() ?? 0);
+  }
+
+  async pending(): Promise<PostedMessage[]> {
+    return this.run("pending", () =>
+      this.conn
+        .prepare<[], MailboxRow & { mseq: number }>("SELECT mseq, id, session, kind, payload, at FROM mailbox ORDER BY mseq")
+        .all()
+        .map((r) => ({ mseq: r.mseq, id: r.id, session: r.session, kind: r.kind, payload: JSON.parse(r.payload) as unknown, at: r.at })),
+    );
   }
 
   async close(): Promise<void> {

@@ -59,7 +59,7 @@ describe("cairn serve", () => {
     const killed = await cairn(["run", "serve me", ...common, "--cwd", t.dir], { env: { CAIRN_CHAOS_KILL_AT: "patch:committed" } });
     assert.equal(killed.signal, "SIGKILL");
 
-    const serve = spawn(process.execPath, ["--import", "tsx", ENTRY, "serve", ...common, "--listen", "127.0.0.1:0", "--log-level", "info"], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+    const serve = spawn(process.execPath, ["--import", "tsx", ENTRY, "serve", ...common, "--listen", "127.0.0.1:0", "--log-level", "info", "--fenced-linger", "10s"], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
     children.push(serve);
     let stderr = "";
     serve.stderr!.setEncoding("utf8").on("data", (d: string) => (stderr += d));
@@ -91,15 +91,18 @@ describe("cairn serve", () => {
     assert.ok(sum(done, "cairn_model_rounds_total") >= 2);
     assert.equal(sum(done, "cairn_runs_active"), 0);
     assert.ok(sum(done, "cairn_build_info") === 1);
-    assert.ok(done.has("process_cpu_user_seconds_total"), "standard process metrics are exported");
+    assert.ok([...done.keys()].some((k) => k.startsWith("process_cpu_user_seconds_total")), "standard process metrics are exported");
+    assert.ok([...done.keys()].filter((k) => k.startsWith("cairn_")).every((k) => k.includes(`db="svc"`)), "every series carries the database name");
 
     // Another process takes the database over.
-    const takeover = await cairn(["resume", ...common]);
-    assert.equal(takeover.code, 0, takeover.stderr);
+    // (an explicit takeover: `cairn resume` takes the owner lease and fences the live serve)
+    const resumed = cairn(["resume", ...common]);
     const unready = await until("/readyz to turn unready", async () => {
       const r = await fetch(`${url}/readyz`);
       return r.status === 503 ? await r.text() : undefined;
-    });
+    }, 120_000);
+    const takeover = await resumed;
+    assert.equal(takeover.code, 0, takeover.stderr);
     assert.match(unready, /fenced/);
     const fencedMetrics = parseMetrics(await (await fetch(`${url}/metrics`)).text());
     assert.equal(sum(fencedMetrics, "cairn_ownership_fenced_total"), 1);

@@ -1,0 +1,107 @@
+/**
+ * Taking a database the way a job scheduler needs it (README "Operations"): a process becomes the
+ * owner only by taking the database's owner lease first, so a worker restarted by a restart-always
+ * policy waits in standby while a live owner renews its lease, and never fences it on its own. An
+ * explicit takeover (`cairn resume`, `cairn serve --takeover`) takes the lease regardless. Safety is
+ * still the epoch: whoever opens last fences every earlier owner; the lease only decides who tries.
+ */
+import { hostname } from "node:os";
+import type { Logger } from "pino";
+import type { HeldLease, LeaseView, OwnerInfo, Storage } from "../storage/contract.js";
+import { hasCode } from "../errors.js";
+import type { Parsed } from "./args.js";
+import { UsageError } from "./args.js";
+
+export type Role = "serve" | "run" | "resume";
+
+export function ownerInfo(role: Role): OwnerInfo {
+  return { host: hostname(), pid: process.pid, since: new Date().toISOString(), epoch: null, role };
+}
+
+/** One sentence naming a lease's holder. */
+export function describeHolder(view: LeaseView): string {
+  const o = view.owner;
+  return `owned by ${o.host} since ${o.since} (pid ${o.pid}, ${o.role}${o.epoch !== null ? `, epoch ${o.epoch}` : ""})`;
+}
+
+export interface WaitOptions {
+  readonly storage: Storage;
+  readonly name: string;
+  readonly role: Role;
+  /** Take the lease even from a live holder (an explicit operator takeover). */
+  readonly force: boolean;
+  /** Called whenever this process waits for a live holder (with who holds it). */
+  readonly onStandby?: (view: LeaseView | null) => void | Promise<void>;
+  /** Stop waiting (SIGTERM; the awaited run ended). */
+  readonly stopped?: () => boolean;
+  /** Wakes a sleeping wait early (a signal). */
+  readonly wake?: (resume: () => void) => void;
+  readonly logger?: Logger;
+}
+
+/**
+ * Waits until this process holds the owner lease. Returns "no-leases" when the adapter has none (the
+ * memory adapter), the held lease, or null when `stopped()` said to give up. Storage errors (an
+ * outage) are retried while waiting; configuration errors are thrown.
+ */
+export async function takeLease(o: WaitOptions): Promise<HeldLease | "no-leases" | null> {
+  const leases = o.storage.leases;
+  if (leases === undefined) return "no-leases";
+  const pollMs = Math.min(1000, Math.max(100, Math.floor(leases.ttlMs / 5)));
+  let force = o.force;
+  for (;;) {
+    if (o.stopped?.() === true) return null;
+    try {
+      const held = await leases.acquire(o.name, ownerInfo(o.role), { force });
+      if (held !== null) return held;
+      force = false;
+      await o.onStandby?.(await leases.read(o.name));
+    } catch (err) {
+      if (hasCode(err, "config") || hasCode(err, "usage") || hasCode(err, "not_found")) throw err;
+      o.logger?.warn({ err: (err as Error).message }, "could not reach the owner lease; retrying");
+      await o.onStandby?.(null);
+    }
+    await new Promise<void>((resolve) => {
+      const t = setTimeout(resolve, pollMs);
+      o.wake?.(() => {
+        clearTimeout(t);
+        resolve();
+      });
+    });
+  }
+}
+
+/** The live holder of `name`'s lease, or null (none, expired, or no leases on this adapter). */
+export async function liveHolder(storage: Storage, name: string): Promise<LeaseView | null> {
+  const view = await storage.leases?.read(name);
+  return view !== undefined && view !== null && view.live ? view : null;
+}
+
+const TRUE = new Set(["1", "true", "yes", "on"]);
+const FALSE = new Set(["", "0", "false", "no", "off"]);
+
+/**
+ * Fills flags missing from the command line from the environment (`--data-dir` from CAIRN_DATA_DIR:
+ * CAIRN_ + the flag name in upper case, dashes as underscores). The command line wins.
+ */
+export function fillFromEnv(p: Parsed, command: string, env: NodeJS.ProcessEnv, flags: Record<string, { type: "string" | "boolean" }>): void {
+  for (const [name, spec] of Object.entries(flags)) {
+    if (p.values[name] !== undefined || name === "help") continue;
+    const key = envName(name);
+    const v = env[key];
+    if (v === undefined) continue;
+    if (spec.type === "boolean") {
+      const t = v.trim().toLowerCase();
+      if (TRUE.has(t)) p.values[name] = true;
+      else if (!FALSE.has(t)) throw new UsageError(`cairn ${command}: ${key} expects true or false, got "${v}".`);
+    } else if (v !== "") {
+      p.values[name] = v;
+    }
+  }
+}
+
+/** The environment variable of a flag: `--etcd` reads CAIRN_ETCD_ENDPOINTS, the rest CAIRN_<FLAG>. */
+export function envName(flag: string): string {
+  if (flag === "etcd") return "CAIRN_ETCD_ENDPOINTS";
+  return `CAIRN_${flag.toUpperCase().replace(/-/g, "_")}`;
+}

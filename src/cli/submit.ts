@@ -1,0 +1,78 @@
+/**
+ * `cairn submit`: hands a new run to whichever process owns the database (or will): commits a start
+ * request through the mailbox, never taking ownership, and prints the run's id. With --session the
+ * command is idempotent: the same id and request again reports that run instead of starting another.
+ * Submitted runs use the worker's model, settings and working directory; a request sets only the
+ * goal, validators and budgets (see src/harness/start-request.ts).
+ */
+import { checkUserSessionId, assignedSubmitId } from "../harness/start-request.js";
+import { list, parse, splitCommand, str, UsageError } from "./args.js";
+import { EXIT } from "./exit.js";
+import type { Io } from "./main.js";
+import { liveHolder, describeHolder } from "./owner.js";
+import { lookUp, postStart, readBudgets } from "./run.js";
+import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
+import { sameRequest } from "../harness/start-request.js";
+
+const HELP = `usage: cairn submit GOAL --db NAME [--session ID] [--validator "CMD ARGS"]... [--max-rounds N]
+                   [--max-tokens N] [--max-wall DURATION]
+
+Commits a start request for a run toward GOAL to database NAME's mailbox and prints the run's id on
+stdout. The process that owns NAME (cairn serve, run or resume) starts it with its own model,
+settings and --cwd; while nobody owns NAME the request waits. Creates NAME when it does not exist.
+  --session ID            the run's id (letters, digits, . _ -, starting with a letter; not s1, s2...
+                          or s-..., which Cairn assigns). Submitting the same id and request again
+                          prints the id and changes nothing; another request under that id is refused.
+  --validator, --max-rounds, --max-tokens, --max-wall   as for cairn run
+${STORAGE_HELP}`;
+
+export async function submitCommand(argv: readonly string[], io: Io): Promise<number> {
+  const p = parse("submit", argv, {
+    ...STORAGE_FLAGS,
+    session: { type: "string" },
+    validator: { type: "string", multiple: true },
+    "max-rounds": { type: "string" },
+    "max-tokens": { type: "string" },
+    "max-wall": { type: "string" },
+  });
+  if (p.values.help) {
+    io.out(HELP);
+    return EXIT.ok;
+  }
+  if (p.positionals.length > 1) throw new UsageError(`cairn submit: give the goal as one argument (quote it), got ${p.positionals.length} words.`);
+  const goal = p.positionals[0];
+  if (goal === undefined || goal.trim() === "") throw new UsageError(`cairn submit: say what the agent should achieve: cairn submit "GOAL" --db NAME.`);
+  const name = dbName(p, "submit");
+  const chosen = str(p, "session");
+  if (chosen !== undefined) {
+    const bad = checkUserSessionId(chosen);
+    if (bad !== null) throw new UsageError(`cairn submit: ${bad}`);
+  }
+  const request = { goal, validators: list(p, "validator").map((v) => splitCommand("submit", v)), budgets: readBudgets(p, "submit") };
+  const choice = await chooseStorage(p, "submit", io.env);
+  try {
+    const session = chosen ?? assignedSubmitId();
+    if (chosen !== undefined) {
+      const known = await lookUp(choice.storage, name, chosen);
+      if (known.kind === "session") {
+        if (!sameRequest(request, known.session)) throw new UsageError(`cairn submit: run "${chosen}" already exists in database "${name}" with another goal or settings; choose another --session.`);
+        io.err(`cairn: run ${chosen} already exists in "${name}" (${known.session.terminal === null ? "running" : `ended: ${known.session.terminal.result}`}); nothing submitted`);
+        io.out(chosen);
+        return EXIT.ok;
+      }
+      if (known.kind === "pending") {
+        if (!sameRequest(request, known.request)) throw new UsageError(`cairn submit: a run "${chosen}" with another goal or settings already waits in database "${name}"'s mailbox; choose another --session.`);
+        io.err(`cairn: run ${chosen} was already submitted to "${name}" and waits for its owner; nothing more to do`);
+        io.out(chosen);
+        return EXIT.ok;
+      }
+    }
+    await postStart(choice.storage, name, session, request);
+    const holder = await liveHolder(choice.storage, name).catch(() => null);
+    io.err(`cairn: submitted run ${session} to "${name}"; ${holder ? `its owner starts it (${describeHolder(holder)})` : "no live worker owns it now: the request waits until one does (cairn serve, run or resume)"}`);
+    io.out(session);
+    return EXIT.ok;
+  } finally {
+    await choice.storage.close().catch(() => undefined);
+  }
+}
