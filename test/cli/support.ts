@@ -26,7 +26,7 @@ export function cairn(args: string[], opts: { env?: NodeJS.ProcessEnv; cwd?: str
     let stderr = "";
     child.stdout.setEncoding("utf8").on("data", (d: string) => (stdout += d));
     child.stderr.setEncoding("utf8").on("data", (d: string) => (stderr += d));
-    const timer = setTimeout(() => child.kill("SIGKILL"), opts.timeoutMs ?? 60_000);
+    const timer = setTimeout(() => child.kill("SIGKILL"), opts.timeoutMs ?? 240_000);
     child.on("error", reject);
     child.on("close", (code, signal) => {
       clearTimeout(timer);
