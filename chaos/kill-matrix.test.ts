@@ -97,7 +97,7 @@ describe("kill matrix: a real cairn process SIGKILLed at every commit boundary",
     const start = oneStart(log, 1);
     assert.equal(finishesOf(log, 1).length, 0, "killed before any result");
     // The gate was never released; with its parent dead it reads end-of-file and exits on its own.
-    await until(`the unreleased gate (pid ${start.body.pid}) to exit`, () => (alive(start.body.pid, start.body.start_time) ? undefined : true), 15_000);
+    await until(`the unreleased gate (pid ${start.body.pid}) to exit`, () => (alive(start.body.pid, start.body.start_time) ? undefined : true), 60_000);
     assert.equal(effectLines(c.effect), 0, "the cell's code never ran");
 
     const resumed = await c.resume();

@@ -114,7 +114,7 @@ describe("partition: an owner cut off from the etcd cluster is fenced by the nex
     const a = startOwner(userIds("nobody"), home, { endpoints: c.endpoints, dataDir: join(home, "data"), db, workers: 3, pauseMs: 20, commitTimeoutMs: A_COMMIT_TIMEOUT_MS }, staged!);
     owners.push(a);
     const diag = () => `\nA's last lines:\n${a.lines.filter((l) => l.t !== "stats").slice(-12).map((l) => JSON.stringify(l)).join("\n")}\nA's stats: ${JSON.stringify(lastStats(a.lines))}\nA's stderr:\n${a.stderr().slice(-2000)}`;
-    const wait = <T>(what: string, check: (ls: readonly OwnerLine[]) => T | undefined, ms = 30_000) =>
+    const wait = <T>(what: string, check: (ls: readonly OwnerLine[]) => T | undefined, ms = 120_000) =>
       a.until(what, check, ms).catch((err: Error) => {
         throw new Error(err.message + diag());
       });

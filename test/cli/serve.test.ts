@@ -30,7 +30,7 @@ function sum(m: Map<string, number>, prefix: string, labels: string[] = []): num
   return total;
 }
 
-async function until<T>(what: string, f: () => Promise<T | undefined>, ms = 30_000): Promise<T> {
+async function until<T>(what: string, f: () => Promise<T | undefined>, ms = 120_000): Promise<T> {
   const end = Date.now() + ms;
   for (;;) {
     const v = await f().catch(() => undefined);

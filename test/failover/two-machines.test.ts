@@ -38,7 +38,7 @@ function spawnCairn(args: string[]): { child: ChildProcess; out: () => string; e
   return { child, out: () => out, err: () => err, exit };
 }
 
-async function until(what: string, f: () => boolean, ms = 60_000): Promise<void> {
+async function until(what: string, f: () => boolean, ms = 120_000): Promise<void> {
   const end = Date.now() + ms;
   while (!f()) {
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);

@@ -14,7 +14,7 @@ import { createReplicatedStorage, localCopyPath } from "../../storage-adapters/r
 import { chainHash } from "../../storage-adapters/replicated/layout.js";
 import { captureLogger, devCluster, ev, tempDir } from "./helpers.js";
 
-async function eventually(done: () => boolean, what: string, ms = 15_000): Promise<void> {
+async function eventually(done: () => boolean, what: string, ms = 120_000): Promise<void> {
   const deadline = Date.now() + ms;
   while (!done()) {
     if (Date.now() > deadline) assert.fail(`never happened within ${ms} ms: ${what}`);

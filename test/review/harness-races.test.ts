@@ -17,7 +17,7 @@ import { adds, cmd, conclude, note, scripted, tempDir } from "../harness/support
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-async function until(cond: () => boolean, what: string, ms = 10_000): Promise<void> {
+async function until(cond: () => boolean, what: string, ms = 120_000): Promise<void> {
   for (let waited = 0; !cond(); waited += 20) {
     if (waited > ms) throw new Error(`timed out waiting for ${what}`);
     await sleep(20);
