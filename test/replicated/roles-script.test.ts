@@ -49,8 +49,11 @@ describe("deploy/etcd/roles.sh with etcdctl", () => {
         ETCDCTL_CERT: certs.clientCert,
         ETCDCTL_KEY: certs.clientKey,
         ETCDCTL_USER: `root:${dc.cluster.root!.password}`,
+        // etcdctl's own 5 s command deadline runs out on a loaded machine (bcrypt auth per call).
+        ETCDCTL_COMMAND_TIMEOUT: "60s",
+        ETCDCTL_DIAL_TIMEOUT: "30s",
       };
-      execFile("sh", [SCRIPT], { env: { ...base, ...env }, timeout: 40_000 }, (err, stdout, stderr) => {
+      execFile("sh", [SCRIPT], { env: { ...base, ...env }, timeout: 240_000 }, (err, stdout, stderr) => {
         const code = err ? (typeof err.code === "number" ? err.code : -1) : 0;
         resolve({ code, stdout, stderr });
       });
