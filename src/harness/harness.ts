@@ -297,10 +297,11 @@ export class Harness {
   }
 
   /** The one commit path: serialized, folded, followed. */
-  private commit(events: readonly NewEvent[]): Promise<readonly LogEvent[]> {
+  private commit(caller: readonly NewEvent[]): Promise<readonly LogEvent[]> {
     const run = async (): Promise<readonly LogEvent[]> => {
       this.assertOpen();
       const t0 = performance.now();
+      const events = this.withOwnerClaims(caller);
       try {
         const receipt = await this.db.commit(events);
         this.metrics?.commit(this.storage.adapter, "ok", (performance.now() - t0) / 1000, events.length);
@@ -313,7 +314,7 @@ export class Harness {
         }
         this.reducer.apply(logged);
         this.afterCommit(logged);
-        return logged;
+        return events === caller ? logged : logged.filter((e) => e.kind !== "owner_claimed");
       } catch (err) {
         this.onCommitError(err, (performance.now() - t0) / 1000, events.length);
         throw err;
@@ -322,6 +323,32 @@ export class Harness {
     const p = this.chain.then(run, run);
     this.chain = p.catch(() => undefined);
     return p;
+  }
+
+  /**
+   * The first commit this owner (epoch) makes for a session also carries `owner_claimed`, right after
+   * `session_created` or before the session's first event, so the log records every change of hands
+   * without an extra commit. Returns `events` itself when nothing is added.
+   */
+  private withOwnerClaims(events: readonly NewEvent[]): readonly NewEvent[] {
+    const epoch = this.db.epoch;
+    const known = this.reducer.projection().identities;
+    const claimed = new Set<string>();
+    const out: NewEvent[] = [];
+    let added = false;
+    for (const e of events) {
+      const id = identity.owner(e.session, epoch);
+      const claim = (): void => {
+        claimed.add(e.session);
+        added = true;
+        out.push(event("owner_claimed", e.session, id, e.at, { epoch, host: this.core.world.host, boot_id: this.core.world.bootId, pid: process.pid }));
+      };
+      const pending = !claimed.has(e.session) && !known.has(id);
+      if (pending && e.kind !== "session_created") claim();
+      out.push(e);
+      if (pending && e.kind === "session_created") claim();
+    }
+    return added ? out : events;
   }
 
   private afterCommit(logged: readonly LogEvent[]): void {

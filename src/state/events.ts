@@ -133,6 +133,16 @@ export const EventBodies = {
     passed: z.boolean(),
     output: z.string(),
   }),
+  /**
+   * Ownership changed hands for this session: the first commit an owner (a new epoch) makes for the
+   * session carries this event, so the log says who acted from here on (host, process) and since when.
+   */
+  owner_claimed: z.strictObject({
+    epoch: z.number().int().nonnegative(),
+    host: z.string(),
+    boot_id: z.string(),
+    pid: z.number().int().positive(),
+  }),
   /** The run is over. A finished run never revives. */
   run_ended: z.strictObject({
     result: ConclusionResult,
@@ -200,6 +210,7 @@ export const identity = {
   control: (s: string, note: number) => `control:${s}:${note}`,
   validator: (s: string, note: number, index: number) => `validator:${s}:${note}:${index}`,
   terminal: (s: string) => `terminal:${s}`,
+  owner: (s: string, epoch: number) => `owner:${s}:${epoch}`,
 } as const;
 
 /** The turn id of round `n` of session `s`. */

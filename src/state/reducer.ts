@@ -227,6 +227,9 @@ export class Reducer {
         s.validators_run.set(b.note_id, [...prior, { index: b.index, argv: b.argv, exit_code: b.exit_code, passed: b.passed, output: b.output }]);
         return;
       }
+      case "owner_claimed":
+        // Who acts on the session from here on: history for `cairn log` and the timeline, no State.
+        return;
       case "run_ended": {
         s.terminal = { result: e.body.result, reason: e.body.reason, at: e.at };
         return;
