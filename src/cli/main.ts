@@ -14,11 +14,14 @@ import { serveCommand } from "./serve.js";
 import { timerCommand } from "./timer.js";
 import { clusterCommand } from "./cluster.js";
 import { submitCommand } from "./submit.js";
+import { logCommand } from "./log.js";
 
 export interface Io {
   readonly out: (line: string) => void;
   readonly err: (line: string) => void;
   readonly env: NodeJS.ProcessEnv;
+  /** Whether `out` is a terminal (colour, decoration); defaults to process.stdout.isTTY. */
+  readonly isTTY?: boolean;
 }
 
 const defaultIo: Io = {
@@ -34,6 +37,7 @@ usage:
   cairn submit GOAL --db NAME [--session ID] [--validator "CMD ARGS"]...   (to the owning worker)
   cairn resume --db NAME --model SPEC [--json]
   cairn status --db NAME [--session ID] [--json]
+  cairn log --db NAME [--session ID] [--cell N] [--follow] [--json]
   cairn post --db NAME --session ID --id ID --kind KIND --payload JSON
   cairn serve --db NAME --model SPEC [--listen HOST:PORT] [--create] [--takeover]
   cairn timer --id ID (--in DURATION | --at ISO-TIME) [--note TEXT]    (inside a running cell)
@@ -54,6 +58,8 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         return await resumeCommand(rest, io);
       case "status":
         return await statusCommand(rest, io);
+      case "log":
+        return await logCommand(rest, io);
       case "post":
         return await postCommand(rest, io);
       case "submit":
@@ -75,7 +81,7 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         io.out(USAGE);
         return command === undefined ? EXIT.usage : EXIT.ok;
       default:
-        throw new UsageError(`unknown command "${command}"; the commands are run, submit, resume, status, post, serve, timer and cluster (see \`cairn --help\`).`);
+        throw new UsageError(`unknown command "${command}"; the commands are run, submit, resume, status, log, post, serve, ui, timer and cluster (see \`cairn --help\`).`);
     }
   } catch (err) {
     const { code, message } = describeError(err);
