@@ -15,6 +15,7 @@ import { timerCommand } from "./timer.js";
 import { clusterCommand } from "./cluster.js";
 import { submitCommand } from "./submit.js";
 import { logCommand } from "./log.js";
+import { uiCommand } from "./ui.js";
 
 export interface Io {
   readonly out: (line: string) => void;
@@ -40,6 +41,7 @@ usage:
   cairn log --db NAME [--session ID] [--cell N] [--follow] [--json]
   cairn post --db NAME --session ID --id ID --kind KIND --payload JSON
   cairn serve --db NAME --model SPEC [--listen HOST:PORT] [--create] [--takeover]
+  cairn ui --db NAME [--listen HOST:PORT]                               (the timeline page, read-only)
   cairn timer --id ID (--in DURATION | --at ISO-TIME) [--note TEXT]    (inside a running cell)
   cairn cluster up|down|status|stop|start [MEMBER] [--dir DIR]          (a local 3-zone etcd)
 
@@ -66,6 +68,8 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         return await submitCommand(rest, io);
       case "serve":
         return await serveCommand(rest, io);
+      case "ui":
+        return await uiCommand(rest, io);
       case "timer":
         return await timerCommand(rest, io);
       case "cluster":

@@ -22,6 +22,7 @@ import { makeLogger, makeModel } from "./run.js";
 import { chaosFaults } from "./chaos.js";
 import { describeHolder, envName, fillFromEnv, takeLease } from "./owner.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
+import { createTimelineHandler } from "../ui/server.js";
 import { hasCode } from "../errors.js";
 
 export const SERVE_FLAGS = {
@@ -43,7 +44,8 @@ The worker a job scheduler runs (restart it on any exit). Binds --listen first, 
 while another live process owns database NAME (its owner lease is renewed), takes it over when that
 lease ends, recovers and continues its unfinished runs, and starts runs submitted with \`cairn
 submit\`. Serves /metrics (Prometheus), /healthz (alive) and /readyz (200 only while it owns the
-database) on --listen. SIGTERM: stop launching, stop running cells (recorded as they are), exit 0.
+database) on --listen, and the timeline page at / (read-only; CAIRN_UI_TOKEN asks for ?token=).
+SIGTERM: stop launching, stop running cells (recorded as they are), exit 0.
 Fenced by an explicit takeover elsewhere: /readyz 503 for --fenced-linger, then exit 3.
 ${STORAGE_HELP}
   --model SPEC            as for cairn run (the model of every run this worker drives)
@@ -112,11 +114,14 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   // 2. Bind the port: a busy or forbidden port is a configuration problem (exit 2), found before the
   // database is touched, so it can never cost a healthy owner its database.
   let server: ObservabilityServer;
+  // The timeline page at / (read-only, through a reader; CAIRN_UI_TOKEN makes it ask for ?token=).
+  const page = createTimelineHandler({ storage, databases: async () => [name], ...(io.env.CAIRN_UI_TOKEN ? { token: io.env.CAIRN_UI_TOKEN } : {}), logger });
   try {
     server = await startObservabilityServer({
       listen,
       metrics,
       logger,
+      routes: page,
       ready: () => {
         if (state === "owner" && h !== null && h.status === "open") return { ready: true, reason: `owns "${name}" at epoch ${h.epoch}` };
         if (state === "owner" && h !== null) return { ready: false, reason: `${h.status}: this process no longer owns "${name}"` };
@@ -223,6 +228,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     setState("stopping", "stopping");
     if (h !== null) await h.close();
     if (lease !== null && lease !== "no-leases") await lease.release();
+    await page.close();
     await server.close();
     await model.close?.().catch(() => undefined);
     await storage.close().catch(() => undefined);

@@ -1,9 +1,9 @@
 /**
  * The observability HTTP endpoint of `cairn serve`: GET /metrics (Prometheus exposition of the
  * harness registry), /healthz (200 while the process is alive) and /readyz (200 when the harness says
- * it is ready, else 503 with the reason). Nothing else is served: 404 for unknown paths, 405 for
- * other methods on known ones. No auth: bind to a private interface or put it behind the scheduler's
- * network policy.
+ * it is ready, else 503 with the reason), plus any `routes` mounted on it (the timeline page). Nothing
+ * else is served: 404 for unknown paths, 405 for other methods on known ones. No auth on these three:
+ * bind to a private interface or put it behind the scheduler's network policy.
  */
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
@@ -25,6 +25,11 @@ export interface ObservabilityServerOptions {
   /** Called on every /readyz request; a throw counts as not ready, with the error message as reason. */
   ready: () => Readiness;
   logger?: Logger;
+  /**
+   * More routes on the same port (the timeline page): asked first; resolves true when it served the
+   * request, false to fall through to /metrics, /healthz and /readyz.
+   */
+  routes?: { handle(req: IncomingMessage, res: ServerResponse): Promise<boolean> };
 }
 
 /** A running endpoint: `url` is `http://HOST:PORT` with the port actually bound. */
@@ -72,6 +77,7 @@ export async function startObservabilityServer(opts: ObservabilityServerOptions)
   const log = opts.logger;
 
   const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+    if (opts.routes !== undefined && (await opts.routes.handle(req, res))) return;
     const path = new URL(req.url ?? "/", "http://localhost").pathname;
     const known = path === "/metrics" || path === "/healthz" || path === "/readyz";
     if (!known) return send(res, 404, "not found: try /metrics, /healthz or /readyz\n");

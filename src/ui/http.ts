@@ -1,0 +1,66 @@
+/**
+ * A plain HTTP server for the timeline page alone (`cairn ui`): the page's handler, 404 for the rest.
+ */
+import { createServer } from "node:http";
+import type { AddressInfo, Socket } from "node:net";
+import type { Logger } from "pino";
+import { parseListen } from "../observability/server.js";
+import type { TimelineHandler } from "./server.js";
+
+export interface PageServer {
+  readonly url: string;
+  readonly port: number;
+  /** Stops listening, ends the page's streams and drops open connections. Idempotent. */
+  close(): Promise<void>;
+}
+
+/**
+ * Listens on `listen` ("HOST:PORT", port 0 picks a free one) and serves `handler`. Rejects with a
+ * ConfigError for a bad address and with the socket error when it cannot bind.
+ */
+export async function startPageServer(listen: string, handler: TimelineHandler, logger?: Logger): Promise<PageServer> {
+  const { host, port } = parseListen(listen);
+  const server = createServer((req, res) => {
+    handler
+      .handle(req, res)
+      .then((served) => {
+        if (!served) {
+          res.writeHead(404, { "content-type": "text/plain; charset=utf-8" });
+          res.end("not found: the timeline is at /\n");
+        }
+      })
+      .catch((err: unknown) => {
+        logger?.error({ err }, "timeline request failed");
+        if (!res.headersSent) res.writeHead(500).end("internal error\n");
+        else res.destroy();
+      });
+  });
+  const sockets = new Set<Socket>();
+  server.on("connection", (socket) => {
+    sockets.add(socket);
+    socket.on("close", () => sockets.delete(socket));
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
+  const bound = (server.address() as AddressInfo).port;
+  let closing: Promise<void> | undefined;
+  return {
+    url: `http://${host.includes(":") ? `[${host}]` : host}:${bound}`,
+    port: bound,
+    close() {
+      closing ??= (async () => {
+        await handler.close();
+        await new Promise<void>((resolve) => {
+          server.close(() => resolve());
+          for (const s of sockets) s.destroy();
+        });
+      })();
+      return closing;
+    },
+  };
+}
