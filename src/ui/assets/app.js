@@ -260,6 +260,7 @@
     $("#detail-title").textContent = title;
     $("#detail-body").textContent = text;
     $("#detail").hidden = false;
+    document.body.classList.add("detail-open");
   }
 
   async function showDetail(s, key, row) {
@@ -309,6 +310,7 @@
   async function start() {
     $("#detail-close").addEventListener("click", () => {
       $("#detail").hidden = true;
+      document.body.classList.remove("detail-open");
     });
     const res = await fetch("/api/databases");
     if (!res.ok) {

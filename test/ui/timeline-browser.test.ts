@@ -1,0 +1,162 @@
+/**
+ * The timeline page in a real browser: Playwright (playwright-core) driving Debian's chromium against
+ * `cairn ui` (a reader) on a real run with a failure, an UnknownExecution and a failover between two
+ * processes. Checks the page's elements and their order, a cell's output and a round's patch on
+ * click, a live update arriving while the run goes on, the token, and that nothing is fetched from
+ * anywhere but the server. Keeps a screenshot in artifacts/ui/timeline.png.
+ */
+import { after, before, describe, it } from "node:test";
+import assert from "node:assert/strict";
+import type { ChildProcess } from "node:child_process";
+import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { hostname, tmpdir } from "node:os";
+import { join } from "node:path";
+import { chromium, type BrowserContext, type Page } from "playwright-core";
+import { ROOT } from "../cli/support.js";
+import { tempDir } from "../harness/support.js";
+import { killAll, runScenario, spawnCairn, until, type Scenario, type Spawned } from "./scenario.js";
+
+const TOKEN = "s3cret-token";
+const ARTIFACTS = join(ROOT, "artifacts", "ui");
+const t = tempDir("cairn-ui-");
+const children: ChildProcess[] = [];
+let sc: Scenario;
+let ui: Spawned;
+let base = "";
+let browser: BrowserContext | undefined;
+let profile = "";
+let page: Page;
+const requests: string[] = [];
+const problems: string[] = [];
+
+/** Launches Debian's chromium with a fresh profile: no network beyond what the page asks for. */
+async function launchChromium(dir: string): Promise<BrowserContext> {
+  return chromium.launchPersistentContext(dir, {
+    executablePath: process.env.CAIRN_CHROMIUM ?? "/usr/bin/chromium",
+    headless: true,
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    viewport: { width: 1280, height: 640 },
+    timeout: 120_000,
+  });
+}
+
+before(async () => {
+  sc = await runScenario(t.dir, children);
+  ui = spawnCairn(["ui", ...sc.flags, "--listen", "127.0.0.1:0"], children, { CAIRN_UI_TOKEN: TOKEN });
+  await until("cairn ui to listen", () => /http:\/\/127\.0\.0\.1:\d+/.test(ui.err()) || ui.child.exitCode !== null);
+  assert.equal(ui.child.exitCode, null, ui.err());
+  base = /(http:\/\/127\.0\.0\.1:\d+)/.exec(ui.err())![1]!;
+  profile = mkdtempSync(join(tmpdir(), "cairn-chromium-"));
+  browser = await launchChromium(profile);
+  page = await browser.newPage();
+  page.setDefaultTimeout(60_000);
+  page.on("request", (r) => requests.push(r.url()));
+  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+  page.on("console", (m) => {
+    if (m.type() === "error") problems.push(`console: ${m.text()}`);
+  });
+});
+after(async () => {
+  await browser?.close().catch(() => undefined);
+  killAll(children);
+  if (profile) rmSync(profile, { recursive: true, force: true });
+  t.cleanup();
+});
+
+/** What the page's functions use of the browser (the DOM library is not in this project's types). */
+interface Browser {
+  document: { querySelector(sel: string): { textContent: string | null; getAttribute(name: string): string | null } | null };
+}
+
+/** The rows of session s1 as the page shows them: [kind, label, outcome]. */
+async function rows(): Promise<[string, string, string][]> {
+  return page.$$eval("section.session[data-session=s1] .row[data-kind]", (els) =>
+    els.map((e) => [e.getAttribute("data-kind")!, e.querySelector(".label")!.textContent!, e.querySelector(".bar")!.getAttribute("data-outcome")!] as [string, string, string]),
+  );
+}
+
+describe("the timeline page in chromium", () => {
+  it("needs the token when one is set", async () => {
+    const denied = await fetch(`${base}/`);
+    assert.equal(denied.status, 401);
+    assert.match(await denied.text(), /token/);
+    assert.equal((await fetch(`${base}/api/timeline?db=${sc.db}`)).status, 401);
+    assert.equal((await fetch(`${base}/api/timeline?db=${sc.db}`, { headers: { authorization: `Bearer ${TOKEN}` } })).status, 200);
+    assert.equal((await fetch(`${base}/api/timeline?db=${sc.db}`, { method: "POST", headers: { authorization: `Bearer ${TOKEN}` } })).status, 405, "read-only");
+  });
+
+  it("shows the run: rounds and cells in order, coloured by outcome, the UnknownExecution marked, both owners as lines with the host", async () => {
+    await page.goto(`${base}/?token=${TOKEN}`);
+    await page.waitForSelector("section.session[data-session=s1] .row[data-kind=cell][data-id='4']");
+    await page.evaluate(() => ((globalThis as unknown as { marker: number }).marker = 42));
+    assert.equal(await page.textContent("nav#databases a.current"), sc.db);
+    assert.equal(await page.getAttribute("section.session[data-session=s1]", "data-status"), "running");
+    const r = await rows();
+    assert.deepEqual(
+      r.map(([kind, label]) => `${kind}:${label.split(":")[0]}`),
+      ["round:round 1", "cell:cell 1 cmd", "round:round 2", "cell:cell 2 cmd", "round:round 3", "cell:cell 4 cmd"],
+      "rows in time order: each round, then the cells it added",
+    );
+    assert.deepEqual(r.map(([, , outcome]) => outcome), ["accepted", "error", "accepted", "unknown", "accepted", "running"]);
+    assert.match(r[1]![1], /cell 1 cmd: sh -c echo 'checking the build'/);
+    // The UnknownExecution: marked on its row, resolved by note 3.
+    assert.equal(await page.textContent(".row[data-kind=cell][data-id='2'] .unknown-mark"), "?✓");
+    assert.match((await page.getAttribute(".row[data-kind=cell][data-id='2']", "title"))!, /UnknownExecution: .*resolved by note 3/);
+    assert.equal(await page.$$eval(".unknown-mark", (els) => els.length), 1);
+    // Ownership: epoch 1 (A) from the start, epoch 2 (B) where it took over, with the host.
+    const owners = await page.$$eval("section.session[data-session=s1] .owner-line", (els) => els.map((e) => [e.getAttribute("data-epoch"), e.getAttribute("data-host"), e.textContent]));
+    assert.deepEqual(owners.map((o) => o[0]), ["1", "2"]);
+    for (const o of owners) {
+      assert.equal(o[1], hostname());
+      assert.match(o[2]!, new RegExp(`epoch \\d · ${hostname()}`));
+    }
+    // The takeover line sits after cell 2 began and before cell 4 began.
+    // (No named functions inside page callbacks: the test's transpiler would wrap them in a helper the page lacks.)
+    const left = (sel: string): Promise<number> => page.$eval(sel, (e) => e.getBoundingClientRect().left);
+    const pos = { cell2: await left(".row[data-id='2'][data-kind=cell] .bar"), owner2: await left(".owner-line[data-epoch='2']"), cell4: await left(".row[data-id='4'][data-kind=cell] .bar") };
+    assert.ok(pos.cell2 < pos.owner2 && pos.owner2 <= pos.cell4, JSON.stringify(pos));
+    // Header, axis, legend.
+    assert.match((await page.textContent("section.session[data-session=s1] h2"))!, /s1\s*running\s*Rebuild after a broken build/);
+    assert.ok((await page.$$eval("section.session .axis .tick", (els) => els.length)) >= 2);
+    assert.equal(await page.textContent("#live"), "live");
+  });
+
+  it("a click shows a cell's output, and a round's patch", async () => {
+    await page.click(".row[data-kind=cell][data-id='1']");
+    await page.waitForSelector("#detail:not([hidden])");
+    assert.equal(await page.textContent("#detail-title"), "s1 cell 1: output");
+    const out = (await page.textContent("#detail-body"))!;
+    assert.match(out, /error exit 3/);
+    assert.match(out, /checking the build\n(.|\n)*build broken|build broken(.|\n)*checking the build/);
+    await page.click(".row[data-kind=round][data-id='2']");
+    await page.waitForFunction(() => (globalThis as unknown as Browser).document.querySelector("#detail-title")!.textContent === "s1 round 2: patch");
+    const patch = (await page.textContent("#detail-body"))!;
+    assert.match(patch, /"op": "test"/);
+    assert.match(patch, /long job/);
+    await page.click("#detail-close");
+    assert.equal(await page.isHidden("#detail"), true);
+  });
+
+  it("updates live while the run goes on: cell 4 finishes, round 4 and the end arrive without a reload", async () => {
+    assert.equal(await page.$(".row[data-kind=round][data-id='4']"), null, "round 4 does not exist yet");
+    sc.open();
+    await page.waitForSelector(".row[data-kind=round][data-id='4']");
+    await page.waitForFunction(() => (globalThis as unknown as Browser).document.querySelector("section.session[data-session=s1]")!.getAttribute("data-status") === "success");
+    assert.equal(await page.evaluate(() => (globalThis as unknown as { marker?: number }).marker), 42, "the same page: no reload");
+    const r = await rows();
+    assert.deepEqual(r.map(([, , o]) => o), ["accepted", "error", "accepted", "unknown", "accepted", "success", "accepted"]);
+    assert.equal((await sc.b.exit).code, 0, sc.b.err());
+    // The end mark is in the marks row.
+    assert.equal(await page.$$eval(".row.marks .mark.end", (els) => els.length), 1);
+    mkdirSync(ARTIFACTS, { recursive: true });
+    const shot = join(ARTIFACTS, "timeline.png");
+    await page.screenshot({ path: shot, fullPage: true });
+    console.log(`# screenshot: ${shot}`);
+  });
+
+  it("fetched nothing but the server's own files, and logged no errors", () => {
+    assert.ok(requests.length >= 4, requests.join("\n"));
+    for (const u of requests) assert.ok(u.startsWith(`${base}/`), `no CDN, no other host: ${u}`);
+    assert.deepEqual(problems, []);
+  });
+});
