@@ -16,7 +16,7 @@ import { performance } from "node:perf_hooks";
 import pino, { type Logger } from "pino";
 import type { Admission } from "../state/admission.js";
 import type { LogEvent, NewEvent } from "../state/events.js";
-import { parseLogEvent } from "../state/events.js";
+import { event, identity, parseLogEvent } from "../state/events.js";
 import { sessionCreated } from "../state/outcomes.js";
 import type { SessionProjection } from "../state/projection.js";
 import { Reducer } from "../state/reducer.js";
