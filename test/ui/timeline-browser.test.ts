@@ -13,6 +13,10 @@ import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { chromium, type BrowserContext, type Page } from "playwright-core";
 import { ROOT } from "../cli/support.js";
+import { event, identity, type NewEvent } from "../../src/state/events.js";
+import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
+import { createTimelineHandler } from "../../src/ui/server.js";
+import { startPageServer } from "../../src/ui/http.js";
 import { tempDir } from "../harness/support.js";
 import { killAll, runScenario, spawnCairn, until, type Scenario, type Spawned } from "./scenario.js";
 
@@ -62,6 +66,37 @@ after(async () => {
   if (profile) rmSync(profile, { recursive: true, force: true });
   t.cleanup();
 });
+
+/**
+ * A synthetic run of `rounds` rounds with two cells each (every third one an error), starting at
+ * `t0`, one event every 10 ms: as the storage holds it, without running anything.
+ */
+function syntheticRounds(from: number, rounds: number, t0: number): NewEvent[] {
+  const out: NewEvent[] = [];
+  let tick = 0;
+  const at = (): string => new Date(t0 + 10 * tick++).toISOString();
+  for (let n = from; n < from + rounds; n++) {
+    const turn = `s1:t${n}`;
+    const ids = [2 * n - 1, 2 * n];
+    const patch = [{ op: "test", path: "/revision", value: n - 1 }, ...ids.map((id) => ({ op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "cmd", argv: ["echo", `cell ${id}`] } }))];
+    out.push(event("turn_prepared", "s1", identity.turn(turn), at(), { turn, n, revision: n - 1, delivered: [] }));
+    out.push(event("model_attempt", "s1", identity.attempt(turn, 1), at(), { turn, attempt: 1 }));
+    out.push(event("model_response", "s1", identity.response(turn, 1), at(), { turn, attempt: 1, patch, usage: { input_tokens: 1000, output_tokens: 50 } }));
+    out.push(event("patch_accepted", "s1", identity.patch(turn), at(), { turn, attempt: 1, patch, revision: n, new_cell_ids: ids, removed_ids: [], consumed: [] }));
+    for (const id of ids) out.push(event("execution_queued", "s1", identity.queued("s1", id), at(), { cell_id: id, kind: "cmd" }));
+    for (const id of ids) {
+      out.push(event("execution_started", "s1", identity.execution("s1", id), at(), { cell_id: id, host: "load-host", boot_id: "b", pid: 1000 + id, pgid: 1000 + id, start_time: "1" }));
+      out.push(event("execution_output", "s1", identity.output("s1", id, 0), at(), { cell_id: id, n: 0, stream: "stdout", data: `cell ${id}\n` }));
+      const error = id % 3 === 0;
+      out.push(event("execution_finished", "s1", identity.finished("s1", id), at(), { cell_id: id, result: error ? "error" : "success", exit_code: error ? 1 : 0, signal: null, duration_ms: 10, output_bytes: 8, dropped_bytes: 0, detail: null, unknown: null }));
+    }
+  }
+  return out;
+}
+
+async function commitAll(db: { commit(e: readonly NewEvent[]): Promise<unknown> }, events: readonly NewEvent[]): Promise<void> {
+  for (let i = 0; i < events.length; i += 100) await db.commit(events.slice(i, i + 100));
+}
 
 /** What the page's functions use of the browser (the DOM library is not in this project's types). */
 interface Browser {
@@ -152,6 +187,52 @@ describe("the timeline page in chromium", () => {
     const shot = join(ARTIFACTS, "timeline.png");
     await page.screenshot({ path: shot, fullPage: true });
     console.log(`# screenshot: ${shot}`);
+  });
+
+  it("renders a run of 1,000 cells, and keeps answering while events stream in (times reported, not asserted)", async () => {
+    const storage = createSqliteStorage({ dataDir: join(t.dir, "load") });
+    const db = await storage.open("load");
+    const t0 = Date.parse("2026-01-01T00:00:00Z");
+    const server = await startPageServer("127.0.0.1:0", createTimelineHandler({ storage, databases: async () => ["load"], pollMs: 100 }));
+    try {
+      await db.commit([
+        event("session_created", "s1", identity.session("s1"), new Date(t0).toISOString(), { goal: "a long run", cwd: "/work", validators: [], budgets: {} }),
+        event("owner_claimed", "s1", identity.owner("s1", db.epoch), new Date(t0).toISOString(), { epoch: db.epoch, host: "load-host", boot_id: "b", pid: 1 }),
+      ]);
+      await commitAll(db, syntheticRounds(1, 500, t0 + 10));
+      const p = await browser!.newPage();
+      try {
+        const start = Date.now();
+        await p.goto(`${server.url}/`);
+        await p.waitForFunction(() => (globalThis as unknown as { document: { querySelectorAll(s: string): { length: number } } }).document.querySelectorAll(".row[data-kind=cell]").length === 1000, undefined, { timeout: 120_000 });
+        const loadMs = Date.now() - start;
+        assert.equal(await p.$$eval(".row[data-kind=round]", (els) => els.length), 500);
+        assert.equal(await p.$$eval(".bar.error", (els) => els.length), 333);
+        // Stream 200 more cells in small commits; meanwhile the page must keep answering.
+        const streaming = (async () => {
+          const more = syntheticRounds(501, 100, t0 + 10 + 500 * 130 * 10);
+          for (let i = 0; i < more.length; i += 13) await db.commit(more.slice(i, i + 13));
+        })();
+        const answers: number[] = [];
+        let streamed = false;
+        void streaming.finally(() => (streamed = true));
+        while (!streamed) {
+          const a = Date.now();
+          await p.evaluate(() => 1);
+          answers.push(Date.now() - a);
+        }
+        await streaming;
+        await p.waitForFunction(() => (globalThis as unknown as { document: { querySelectorAll(s: string): { length: number } } }).document.querySelectorAll(".row[data-kind=cell]").length === 1200, undefined, { timeout: 120_000 });
+        assert.ok(answers.length > 0);
+        console.log(`# 1,000 cells: page loaded and drawn in ${loadMs} ms; while 1,300 events streamed in, the page answered ${answers.length} times, slowest ${Math.max(...answers)} ms (this machine, under its current load)`);
+      } finally {
+        await p.close();
+      }
+    } finally {
+      await server.close();
+      await db.close();
+      await storage.close();
+    }
   });
 
   it("fetched nothing but the server's own files, and logged no errors", () => {
