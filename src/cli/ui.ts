@@ -36,10 +36,17 @@ export async function uiCommand(argv: readonly string[], io: Io): Promise<number
     const server = await startPageServer(listen, handler);
     try {
       io.err(`cairn: timeline of database "${name}" (${choice.describe}) at ${server.url}/${io.env.CAIRN_UI_TOKEN ? "?token=..." : ""}; reading only. Ctrl-C to stop.`);
-      await new Promise<void>((resolve) => {
-        process.once("SIGINT", resolve);
-        process.once("SIGTERM", resolve);
-      });
+      let stop = (): void => undefined;
+      try {
+        await new Promise<void>((resolve) => {
+          stop = resolve;
+          process.once("SIGINT", stop);
+          process.once("SIGTERM", stop);
+        });
+      } finally {
+        process.off("SIGINT", stop);
+        process.off("SIGTERM", stop);
+      }
       return EXIT.ok;
     } finally {
       await server.close();

@@ -207,7 +207,7 @@ describe("the timeline page in chromium", () => {
         await p.waitForFunction(() => (globalThis as unknown as { document: { querySelectorAll(s: string): { length: number } } }).document.querySelectorAll(".row[data-kind=cell]").length === 1000, undefined, { timeout: 120_000 });
         const loadMs = Date.now() - start;
         assert.equal(await p.$$eval(".row[data-kind=round]", (els) => els.length), 500);
-        assert.equal(await p.$$eval(".bar.error", (els) => els.length), 333);
+        assert.equal(await p.$$eval(".row .bar.error", (els) => els.length), 333);
         // Stream 200 more cells in small commits; meanwhile the page must keep answering.
         const streaming = (async () => {
           const more = syntheticRounds(501, 100, t0 + 10 + 500 * 130 * 10);
