@@ -26,6 +26,7 @@ import { createReplicatedStorage } from "../storage-adapters/replicated/index.js
 import { devCluster, tempDir } from "../test/replicated/helpers.js";
 import { firewallUnavailable, partition, type Partition } from "./partition/firewall.js";
 import { userIds } from "./partition/owner-process.js";
+import { stageForOtherUser } from "./partition/stage.js";
 import { cmdPatch, concludePatch, resolvePatch, writeScript } from "./support/patches.js";
 import { portOf } from "./zones/drop.js";
 
@@ -85,9 +86,14 @@ class TakeoverModel implements Model {
 }
 
 /** `cairn run` from source as `user` (or this user), collecting its output. */
-function startRun(args: readonly string[], home: string, user: { uid: number; gid: number } | null): { child: ChildProcess; out: () => string; exit: Promise<{ code: number | null; at: number }> } {
-  const child = spawn(process.execPath, ["--import", "tsx", "src/cli/entry.ts", ...args], {
-    cwd: REPO,
+function startRun(
+  args: readonly string[],
+  home: string,
+  user: { uid: number; gid: number } | null,
+  staged: { root: string; entry: string } = { root: REPO, entry: "src/cli/entry.ts" },
+): { child: ChildProcess; out: () => string; exit: Promise<{ code: number | null; at: number }> } {
+  const child = spawn(process.execPath, ["--import", "tsx", staged.entry, ...args], {
+    cwd: staged.root,
     ...(user ? { uid: user.uid, gid: user.gid } : {}),
     env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: home, TMPDIR: join(home, "tmp"), NODE_NO_WARNINGS: "1" },
     stdio: ["ignore", "pipe", "pipe"],
@@ -144,7 +150,10 @@ describe("a silent zone: lease, self-fencing and failover", { skip: unavailable 
     const endpoints = c.cluster.endpoints;
     // Marks A's connections from the start (the drop rules need the mark for the members' replies).
     cut = partition(nobody.uid, endpoints.map(portOf));
-    const a = startRun(["run", "write effects", "--db", "zone", "--storage", "replicated", "--etcd", endpoints.join(","), "--data-dir", join(home, "data"), "--model", `scripted:${script}`, "--cwd", home], home, nobody);
+    // A runs as nobody from a world-readable staged copy of the CLI (the checkout may be private).
+    const stageRoot = join(t.dir, "stage");
+    const staged = { root: stageRoot, entry: stageForOtherUser(REPO, join(REPO, "src/cli/entry.ts"), stageRoot) };
+    const a = startRun(["run", "write effects", "--db", "zone", "--storage", "replicated", "--etcd", endpoints.join(","), "--data-dir", join(home, "data"), "--model", `scripted:${script}`, "--cwd", home], home, nobody, staged);
     children.push(a.child);
     await until("A's cell writes effect lines", () => stamps(oldFile).length >= 5);
 
