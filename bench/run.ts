@@ -7,6 +7,7 @@ import { runDispatchBench } from "./dispatch.js";
 import { runRecoveryBench } from "./recovery.js";
 import { runEtcdBench } from "./etcd.js";
 import { runIdleBench } from "./idle.js";
+import { runSilentBench } from "./silent.js";
 
 const all: Record<string, () => Promise<void>> = {
   sqlite: () => runSqliteBench(),
@@ -14,6 +15,7 @@ const all: Record<string, () => Promise<void>> = {
   recovery: () => runRecoveryBench(),
   etcd: () => runEtcdBench(),
   idle: () => runIdleBench({ seconds: 30 }),
+  silent: () => runSilentBench(),
 };
 const wanted = process.argv.slice(2);
 for (const name of wanted) if (!(name in all)) throw new Error(`unknown benchmark "${name}"; choose from ${Object.keys(all).join(", ")}`);

@@ -10,5 +10,6 @@ if (!existsSync(compiled)) {
   process.stderr.write("cairn: the compiled CLI is missing (dist/). Run `npm ci` or `npm run build` in the repository first.\n");
   process.exit(2);
 }
-const { main } = await import(compiled);
+const { main, exitBackstop } = await import(compiled);
 process.exitCode = await main(process.argv.slice(2));
+exitBackstop();

@@ -94,3 +94,19 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
     return code;
   }
 }
+
+/** How long the process may linger after `main` returned before it exits anyway. */
+const LINGER_MS = 3000;
+
+/**
+ * Called once `main` has returned: everything was closed, so the process should end by itself. A
+ * connection to a member that went silent can stay open in the gRPC library after every client was
+ * closed; a fenced or cut-off owner must not hang on it: exit anyway, saying what was still open.
+ */
+export function exitBackstop(): void {
+  setTimeout(() => {
+    const open = process.getActiveResourcesInfo().filter((r) => r !== "Timeout");
+    process.stderr.write(`cairn: exiting ${LINGER_MS / 1000} s after finishing although resources were still open (${open.join(", ") || "timers"}): a storage member did not answer the close.\n`);
+    process.exit();
+  }, LINGER_MS).unref();
+}

@@ -63,6 +63,22 @@ Every flag can also come from the environment: CAIRN_ + the flag in upper case w
 (CAIRN_DB, CAIRN_MODEL, CAIRN_LISTEN, CAIRN_DATA_DIR, CAIRN_TAKEOVER=true, ...; --etcd is
 CAIRN_ETCD_ENDPOINTS). The command line wins.`;
 
+/**
+ * /readyz: ready while this process owns the database, the storage holds its quorum (replicated) and
+ * the ownership lease is held; otherwise 503 with the reason.
+ */
+export function readiness(h: Harness, name: string): { ready: boolean; reason: string } {
+  if (h.status !== "open") return { ready: false, reason: `${h.status}: this process no longer owns "${name}"` };
+  const { stats, leaseHeld } = h.storageState();
+  if (stats.fenced) return { ready: false, reason: `fenced: another process opened "${name}"` };
+  if (stats.poisoned) return { ready: false, reason: `a commit's outcome is unknown: this process must reopen "${name}"` };
+  if (stats.quorumHeld === false) {
+    return { ready: false, reason: `storage unavailable: the etcd quorum is lost (${stats.membersReachable ?? "?"} of ${stats.membersTotal ?? "?"} members answer); commits wait` };
+  }
+  if (leaseHeld === false) return { ready: false, reason: `the ownership lease of "${name}" is not held` };
+  return { ready: true, reason: `owns "${name}" at epoch ${h.epoch}; storage reachable` };
+}
+
 export async function serveCommand(argv: readonly string[], io: Io): Promise<number> {
   const p = parse("serve", argv, SERVE_FLAGS);
   if (p.values.help) {
@@ -123,7 +139,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
       logger,
       routes: page,
       ready: () => {
-        if (state === "owner" && h !== null && h.status === "open") return { ready: true, reason: `owns "${name}" at epoch ${h.epoch}` };
+        if (state === "owner" && h !== null && h.status === "open") return readiness(h, name);
         if (state === "owner" && h !== null) return { ready: false, reason: `${h.status}: this process no longer owns "${name}"` };
         return { ready: false, reason };
       },
@@ -205,7 +221,13 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     setState("owner", `owns "${name}" at epoch ${harness.epoch}`);
     logger.info({ url: server.url, epoch: harness.epoch }, "serving");
     io.err(`cairn: serving database "${name}" (${choice.describe}) at epoch ${harness.epoch}; metrics on ${server.url}/metrics`);
-    const stopped = new Promise<"fenced" | "poisoned" | "closed">((r) => harness.onStop((status) => r(status === "open" ? "closed" : status)));
+    const stop: { error: Error | null } = { error: null };
+    const stopped = new Promise<"fenced" | "poisoned" | "unreachable" | "closed">((r) =>
+      harness.onStop((status, err) => {
+        stop.error = err;
+        r(status === "open" ? "closed" : status);
+      }),
+    );
     await harness.resume();
     const why = terminated ? "term" : await Promise.race([stopped, terminatedP]);
     if (why === "fenced" || (why === "closed" && leaseLost !== null)) {
@@ -215,6 +237,10 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
       // Keep answering for a while: /readyz says why (503) and scrapes see cairn_worker_state{state="fenced"}.
       await Promise.race([new Promise((r) => setTimeout(r, lingerMs)), terminatedP]);
       return EXIT.fenced;
+    }
+    if (why === "unreachable") {
+      io.err(`cairn: ${stop.error?.message ?? `lost the ownership lease of "${name}"`}`);
+      return EXIT.storage;
     }
     if (why === "poisoned") {
       io.err(`cairn: a commit's outcome is unknown; exiting so that a fresh process can reopen "${name}" and read the truth.`);

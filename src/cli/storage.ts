@@ -16,6 +16,9 @@ export const STORAGE_FLAGS = {
   "data-dir": { type: "string" },
   etcd: { type: "string" },
   "on-outage": { type: "string" },
+  "outage-timeout": { type: "string" },
+  lease: { type: "string" },
+  liveness: { type: "string" },
   "allow-small-cluster": { type: "boolean" },
 } as const;
 
@@ -26,6 +29,12 @@ export const STORAGE_HELP = `  --db NAME               the database (one per har
                           credentials from CAIRN_ETCD_USER / CAIRN_ETCD_PASSWORD, TLS from
                           CAIRN_ETCD_CA / CAIRN_ETCD_CERT / CAIRN_ETCD_KEY
   --on-outage MODE        replicated: wait (default) or reject while the quorum is lost
+  --outage-timeout SECS   replicated, with --on-outage reject: refuse commits once the quorum has
+                          been lost for longer than this (default 10)
+  --liveness SECS         sqlite, replicated: the owner's liveness lease (default 3, at least 2). An owner that cannot
+                          renew it (cut off, or the quorum lost that long) kills its cells and exits
+                          4; a new owner launches nothing until it has run out. Longer: outages are
+                          ridden out, and a silent zone's failover takes longer
   --allow-small-cluster   replicated: accept fewer than 3 voting members (development only)`;
 
 export interface StorageChoice {
@@ -49,12 +58,19 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
   const leaseText = str(p, "lease") ?? env.CAIRN_LEASE;
   const leaseMs = leaseText === undefined || leaseText === "" ? undefined : Math.round(durationSeconds(command, "lease", leaseText) * 1000);
   if (leaseMs !== undefined && leaseMs < 1000) throw new UsageError(`cairn ${command}: --lease (CAIRN_LEASE) must be at least 1s, got "${leaseText}".`);
+  const livenessRaw = str(p, "liveness");
+  let livenessMs: number | undefined;
+  if (livenessRaw !== undefined) {
+    const secs = Number(livenessRaw);
+    if (livenessRaw.trim() === "" || !Number.isFinite(secs) || secs < 2) throw new UsageError(`cairn ${command}: --liveness expects a number of seconds, at least 2 (etcd's shortest lease), got "${livenessRaw}".`);
+    livenessMs = Math.round(secs * 1000);
+  }
   if (kind === "memory") {
     const storage = createMemoryStorage();
     return { storage, adapter: storage.adapter, dataDir, describe: "memory (nothing survives this process)" };
   }
   if (kind === "sqlite") {
-    const storage = createSqliteStorage({ dataDir, ...(leaseMs !== undefined ? { leaseMs } : {}) });
+    const storage = createSqliteStorage({ dataDir, ...(leaseMs !== undefined ? { leaseMs } : {}), ...(livenessMs !== undefined ? { livenessMs } : {}) });
     return { storage, adapter: storage.adapter, dataDir, describe: `sqlite in ${dataDir}` };
   }
   if (kind === "replicated") {
@@ -62,14 +78,24 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
     if (endpoints.length === 0) throw new UsageError(`cairn ${command}: --storage replicated needs etcd endpoints: pass --etcd http://HOST:2379,... or set CAIRN_ETCD_ENDPOINTS.`);
     const onOutage = str(p, "on-outage") ?? "wait";
     if (onOutage !== "wait" && onOutage !== "reject") throw new UsageError(`cairn ${command}: --on-outage expects wait or reject, got "${onOutage}".`);
+    const outageRaw = str(p, "outage-timeout");
+    let outageTimeoutMs: number | undefined;
+    if (outageRaw !== undefined) {
+      const secs = Number(outageRaw);
+      if (outageRaw.trim() === "" || !Number.isFinite(secs) || secs < 0) throw new UsageError(`cairn ${command}: --outage-timeout expects a number of seconds (0 or more), got "${outageRaw}".`);
+      if (onOutage !== "reject") throw new UsageError(`cairn ${command}: --outage-timeout only applies with --on-outage reject (with wait, commits wait for the quorum without limit).`);
+      outageTimeoutMs = Math.round(secs * 1000);
+    }
     const { createReplicatedStorage } = await import("../../storage-adapters/replicated/index.js");
     // Credentials and TLS files come from CAIRN_ETCD_USER / _PASSWORD / _CA / _CERT / _KEY, read by the adapter.
     const storage = createReplicatedStorage({
       endpoints,
       dataDir,
       onOutage,
-      allowSmallCluster: flag(p, "allow-small-cluster"),
+      ...(outageTimeoutMs !== undefined ? { outageTimeoutMs } : {}),
       ...(leaseMs !== undefined ? { leaseMs } : {}),
+      allowSmallCluster: flag(p, "allow-small-cluster"),
+      ...(livenessMs !== undefined ? { livenessMs } : {}),
       ...(logger ? { logger } : {}),
     });
     return { storage, adapter: storage.adapter, dataDir, describe: `replicated on etcd ${endpoints.join(",")} (cache in ${dataDir})` };

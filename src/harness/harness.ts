@@ -20,7 +20,7 @@ import { event, identity, parseLogEvent } from "../state/events.js";
 import { sessionCreated } from "../state/outcomes.js";
 import type { SessionProjection } from "../state/projection.js";
 import { Reducer } from "../state/reducer.js";
-import type { Database, DatabaseSignal, Storage } from "../storage/contract.js";
+import type { Database, DatabaseSignal, DatabaseStats, Storage } from "../storage/contract.js";
 import { ResetError, StorageFailure } from "../storage/errors.js";
 import { CairnError, ConfigError, hasCode } from "../errors.js";
 import type { Model } from "../model/contract.js";
@@ -28,6 +28,7 @@ import { reportGauges } from "../observability/gauges.js";
 import type { Metrics } from "../observability/metrics.js";
 import { createCore, type HarnessCore, type HarnessFaults } from "./core.js";
 import type { Inspection } from "./inspect.js";
+import { awaitPrevious, guardLease } from "./lease.js";
 import { summarize } from "./inspect.js";
 import { MailboxDelivery, postObservation } from "./mailbox.js";
 import { checkUserSessionId, isAssignedId, startRequested } from "./start-request.js";
@@ -106,10 +107,18 @@ export class Harness {
     const limits = defaultLimits(options.limits);
     const workDir = options.workDir ?? join(tmpdir(), "cairn");
     const db = await options.storage.open(options.name, { create: options.create ?? true });
+    try {
+      // Launch nothing while an earlier owner's lease may still run (its cells may still act).
+      await awaitPrevious(db, logger.child({ db: options.name }));
+    } catch (err) {
+      await db.close().catch(() => undefined);
+      throw err;
+    }
     const h = new Harness(db, options.storage, options.name, options.model, world, logger.child({ db: options.name, epoch: db.epoch, host: world.host }), options.metrics ?? null, limits, workDir, options.faults ?? null);
     try {
       await h.load();
       h.unwatch = db.watch((signal) => h.onSignal(signal));
+      guardLease(h, db, h.logger);
       h.timerServer = await startTimerServer(timerSocketPath(workDir, options.name), (req) => registerTimer(h.core, req));
     } catch (err) {
       await db.close().catch(() => undefined);
@@ -384,14 +393,24 @@ export class Harness {
     }
   }
 
-  private async becomeStopped(status: "fenced" | "poisoned", error: CairnError): Promise<void> {
+  /** The ownership lease was lost (lease.ts): stop acting at once; running cells are stopped. */
+  loseOwnership(error: CairnError): void {
+    void this.becomeStopped("unreachable", error);
+  }
+
+  /** What readiness needs from the storage: its stats and whether the ownership lease is held. */
+  storageState(): { stats: DatabaseStats; leaseHeld: boolean | null } {
+    return { stats: this.db.stats(), leaseHeld: this.db.lease ? this.db.lease.held() : null };
+  }
+
+  private async becomeStopped(status: "fenced" | "poisoned" | "unreachable", error: CairnError): Promise<void> {
     if (this.statusValue !== "open") return;
     this.statusValue = status;
     this.stopError = error;
     if (status === "fenced") {
       this.metrics?.fenced();
       this.logger.error({ err: error.message }, "fenced: another process opened this database; launching nothing more and stopping running cells");
-    } else {
+    } else if (status === "poisoned") {
       this.logger.error({ err: error.message }, "a commit's outcome is unknown; the handle is poisoned: reopen to read the truth");
     }
     await this.shutdown(status);
@@ -402,7 +421,7 @@ export class Harness {
     this.listeners.stopped(this.statusValue, this.stopError);
   }
 
-  private async shutdown(reason: "shutdown" | "fenced" | "poisoned"): Promise<void> {
+  private async shutdown(reason: "shutdown" | "fenced" | "poisoned" | "unreachable"): Promise<void> {
     this.sleeper.wakeAll();
     this.unwatch?.();
     this.unwatch = null;

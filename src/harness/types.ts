@@ -46,4 +46,5 @@ export interface RunOutcome {
   readonly reason: string;
 }
 
-export type HarnessStatus = "open" | "fenced" | "poisoned" | "closed";
+/** "unreachable": the ownership lease was lost (cut off from the storage): stopped acting (lease.ts). */
+export type HarnessStatus = "open" | "fenced" | "poisoned" | "unreachable" | "closed";

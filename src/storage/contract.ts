@@ -62,6 +62,27 @@ export interface DatabaseStats {
   readonly quorumWaitSeconds?: number;
 }
 
+/**
+ * The owner's lease (issue 14): liveness for the world outside the log, never safety (that is the
+ * epoch: a fenced handle writes nothing, whatever the clocks say). The owner renews it; when it
+ * cannot be sure it still holds it, `onLost` fires early enough that its cells can be stopped before
+ * the lease can have expired anywhere (clocks may drift by a bounded rate; no bound on skew is needed:
+ * every duration is measured on one machine's monotonic clock). A new owner launches nothing until
+ * `previousGone()` resolves.
+ */
+export interface OwnershipLease {
+  /** The lease's length in ms. */
+  readonly ttlMs: number;
+  /** Resolves once every earlier owner's lease is gone: released by a clean close, expired, or its process on this host gone. */
+  previousGone(): Promise<void>;
+  /** Calls `listener` once when this owner can no longer be sure it holds the lease: stop acting at once. Returns an unsubscribe. */
+  onLost(listener: (reason: string) => void): () => void;
+  /** Whether the lease is held (renewed in time and not released). */
+  held(): boolean;
+  /** Gives the lease up now (after the owner's cells are stopped); the next owner need not wait for it. Idempotent, bounded, never throws. */
+  release(): Promise<void>;
+}
+
 /** An owned database: the only handle that may append. */
 export interface Database {
   readonly name: string;
@@ -99,6 +120,9 @@ export interface Database {
 
   /** Current counters; never throws. */
   stats(): DatabaseStats;
+
+  /** The owner's lease (sqlite and replicated; the memory adapter has none: one process). */
+  readonly lease?: OwnershipLease;
 
   /** Releases the handle. Idempotent. Does not give up the epoch: a later opener still advances it. */
   close(): Promise<void>;

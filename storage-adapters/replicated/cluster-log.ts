@@ -60,14 +60,18 @@ export async function forEachBatch(
 
 /** The first seq of the batch holding `seq` (a reverse range, one request). */
 export async function batchStartOf(ctx: Context, keys: Keys, seq: number): Promise<number | null> {
-  const res = await ctx.client.kv.range({
-    key: Buffer.from(keys.logPrefix),
-    range_end: Buffer.from(keys.log(seq) + "\0"),
-    limit: 1,
-    sort_order: "Descend",
-    sort_target: "Key",
-    keys_only: true,
-  });
+  const res = await ctx.call((client) =>
+    client.kv.range(
+      {
+        key: Buffer.from(keys.logPrefix),
+        range_end: Buffer.from(keys.log(seq) + "\0"),
+        limit: 1,
+        sort_order: "Descend",
+        sort_target: "Key",
+        keys_only: true,
+      },
+    ),
+  );
   const kv = res.kvs[0];
   return kv ? Number(kv.key.toString("utf8").slice(keys.logPrefix.length)) : null;
 }

@@ -57,7 +57,8 @@ type Outcome =
   | { kind: "failed"; error: unknown }
   | { kind: "unknown"; reason: string; cause?: unknown };
 
-const MAX_BACKOFF_MS = 2000;
+/** Small: an unanswered attempt already waited its deadline, and a new leader is elected in about a second. */
+const MAX_BACKOFF_MS = 500;
 
 export class CommitPipeline {
   private readonly queue: Pending[] = [];
@@ -116,10 +117,23 @@ export class CommitPipeline {
         `refused a commit to database "${name}": the etcd quorum is lost and ${backlog} commits already wait (backlogLimit ${this.ctx.opts.backlogLimit}); nothing was written, retry when the cluster is back.`,
       );
     }
+    const outage = this.outageRefusal();
+    if (outage !== null) throw outage;
     return new Promise<CommitReceipt>((resolve, reject) => {
       this.queue.push({ events: batch, identities, eventsJson, bytes, resolve, reject });
       this.kick();
     });
+  }
+
+  /** onOutage "reject": the refusal once the quorum has been lost for longer than outageTimeoutMs, else null. */
+  private outageRefusal(): StorageRejected | null {
+    const { onOutage, outageTimeoutMs } = this.ctx.opts;
+    const lostMs = this.ctx.health.lostForMs();
+    if (onOutage !== "reject" || lostMs <= outageTimeoutMs) return null;
+    return new StorageRejected(
+      "backlog_full",
+      `refused a commit to database "${this.init.name}": the etcd quorum has been lost for ${(lostMs / 1000).toFixed(1)} s, longer than the outage timeout of ${outageTimeoutMs / 1000} s (--on-outage reject); nothing was written, retry when the cluster is back.`,
+    );
   }
 
   /** Refuses queued commits and waits for the one in flight to settle. */
@@ -276,6 +290,12 @@ export class CommitPipeline {
           return { kind: "failed", error };
         }
         maybeApplied = true;
+        const refusal = this.outageRefusal();
+        if (refusal !== null) {
+          // Queued commits were never sent: refused. This one may have applied: unknown.
+          this.rejectQueued(refusal);
+          return { kind: "unknown", reason: `${refusal.message.replace(/; nothing was written.*$/, "")}, while this commit was unanswered`, cause: err };
+        }
         await sleep(delay);
         delay = Math.min(delay * 2, MAX_BACKOFF_MS);
       }

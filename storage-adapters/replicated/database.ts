@@ -6,7 +6,6 @@
  * of the epoch (read, head), and a watch on the epoch key fences the handle as soon as a newer opener
  * claims the database. Commits go through `CommitPipeline` (commit-pipeline.ts).
  */
-import type { Watcher } from "etcd3";
 import type { LogEvent, NewEvent } from "../../src/state/events.js";
 import type { CommitReceipt, Database, DatabaseSignal, DatabaseStats, MailboxMessage, PostedMessage } from "../../src/storage/contract.js";
 import { ResetError, StorageFailure } from "../../src/storage/errors.js";
@@ -16,7 +15,9 @@ import { CommitPipeline } from "./commit-pipeline.js";
 import type { Context } from "./context.js";
 import { readEpochHead } from "./cluster-log.js";
 import type { Keys } from "./layout.js";
+import type { ReplicatedLease } from "./liveness.js";
 import type { LocalCopy } from "./local-copy.js";
+import { ResilientWatch } from "./watch.js";
 import { count, del, get, kvsOf, prefixEnd, range, valueIs, valueOf } from "./ops.js";
 
 /** Mailbox messages deleted per ack transaction (two deletes each, under MAX_TXN_OPS). */
@@ -40,6 +41,8 @@ export interface HandleInit {
   readonly lastHash: string;
   /** The etcd revision of the epoch claim: watches start right after it, so no fence is missed. */
   readonly claimRevision: string;
+  /** The owner's lease, renewing since the claim. */
+  readonly lease: ReplicatedLease;
   readonly onClose: () => void;
 }
 
@@ -51,7 +54,8 @@ export class ReplicatedDatabase implements Database {
   private readonly copy: LocalCopy;
   private readonly pipeline: CommitPipeline;
   private readonly listeners = new Watchers();
-  private readonly watchers: Watcher[] = [];
+  private readonly watchers: ResilientWatch[] = [];
+  readonly lease: ReplicatedLease;
   private fencedBy: { epoch: number | null } | null = null;
   private poison: StorageFailure | null = null;
   private closed = false;
@@ -65,6 +69,7 @@ export class ReplicatedDatabase implements Database {
     this.epoch = init.epoch;
     this.keys = init.keys;
     this.copy = init.copy;
+    this.lease = init.lease;
     this.openedLostSeconds = ctx.health.view().lostSeconds;
     this.pipeline = new CommitPipeline(ctx, {
       name: init.name,
@@ -80,22 +85,43 @@ export class ReplicatedDatabase implements Database {
     });
   }
 
-  /** Starts the epoch and mailbox watches (from right after the claim). */
+  /**
+   * Starts the epoch and mailbox watches (from right after the claim). Each is created within the
+   * request deadline and moves to another member when its member goes silent (watch.ts).
+   */
   async startWatches(): Promise<void> {
     const after = String(BigInt(this.init.claimRevision) + 1n);
-    const onError = (what: string) => (err: Error) => this.ctx.log.warn({ db: this.name, err: err.message }, `etcd ${what} watch error; the client reconnects it`);
-    const epochWatch = await this.ctx.client.watch().key(this.keys.epoch).startRevision(after).create();
-    epochWatch.on("put", (kv) => {
-      const e = Number(kv.value.toString("utf8"));
-      if (e !== this.epoch) this.markFenced(e);
+    const epochWatch = new ResilientWatch(this.ctx, {
+      what: "epoch",
+      key: this.keys.epoch,
+      startRevision: after,
+      onPut: (kv) => {
+        const e = Number(kv.value.toString("utf8"));
+        if (e !== this.epoch) this.markFenced(e);
+      },
+      onDelete: () => this.markFenced(null),
+      recheck: async () => {
+        const state = await readEpochHead(this.ctx, this.keys);
+        if (state.epoch !== this.epoch) this.markFenced(state.epoch);
+      },
     });
-    epochWatch.on("delete", () => this.markFenced(null));
-    epochWatch.on("error", onError("epoch"));
     this.watchers.push(epochWatch);
-    const mailWatch = await this.ctx.client.watch().prefix(this.keys.mailPrefix).startRevision(after).only("put").create();
-    mailWatch.on("put", () => this.notify({ type: "mailbox" }));
-    mailWatch.on("error", onError("mailbox"));
+    const mailWatch = new ResilientWatch(this.ctx, {
+      what: "mailbox",
+      prefix: this.keys.mailPrefix,
+      onlyPut: true,
+      startRevision: after,
+      onPut: () => this.notify({ type: "mailbox" }),
+      recheck: async () => this.notify({ type: "mailbox" }),
+    });
     this.watchers.push(mailWatch);
+    try {
+      await epochWatch.start();
+      await mailWatch.start();
+    } catch (err) {
+      await Promise.all(this.watchers.map((w) => w.cancel()));
+      throw err;
+    }
   }
 
   async read(afterSeq = 0, limit?: number): Promise<LogEvent[]> {
@@ -198,7 +224,9 @@ export class ReplicatedDatabase implements Database {
     this.closed = true;
     this.listeners.clear();
     await this.pipeline.shutdown();
+    // Bounded: a silent member is not waited for (watch.ts, lease.ts).
     await Promise.all(this.watchers.map((w) => w.cancel().catch(() => undefined)));
+    await this.lease.release();
     this.copy.close();
     this.init.onClose();
   }
@@ -225,6 +253,7 @@ export class ReplicatedDatabase implements Database {
   private markFenced(epoch: number | null): void {
     if (this.fencedBy) return;
     this.fencedBy = { epoch };
+    this.lease.stopRenewing();
     this.ctx.log.warn({ db: this.name, epoch: this.epoch, newEpoch: epoch }, "database opened by another process: this handle is fenced and must stop");
     this.listeners.fenced(epoch);
   }

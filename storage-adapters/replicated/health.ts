@@ -7,6 +7,11 @@
 import { Etcd3, type IOptions } from "etcd3";
 import type { ReplicatedLogger } from "./options.js";
 
+/** `http://localhost:2379/` and `http://127.0.0.1:2379` name the same member. */
+function normalize(url: string): string {
+  return url.replace(/\/+$/, "").replace("//localhost:", "//127.0.0.1:");
+}
+
 export interface QuorumView {
   readonly membersReachable: number;
   readonly membersTotal: number;
@@ -24,6 +29,8 @@ export class HealthMonitor {
   private lostSince: number | null = null;
   private lostTotalMs = 0;
   private polling = false;
+  /** Per member URL: answered the last poll with a leader. */
+  private readonly memberOk = new Map<string, boolean>();
 
   constructor(
     private readonly clientOptions: Omit<IOptions, "hosts">,
@@ -53,13 +60,16 @@ export class HealthMonitor {
     this.polling = true;
     try {
       const results = await Promise.all(
-        this.clients.map(async ({ client }) => {
+        this.clients.map(async ({ url, client }) => {
+          let r = { up: false, leader: false };
           try {
             const s = await client.maintenance.status();
-            return { up: true, leader: s.leader !== "0" };
+            r = { up: true, leader: s.leader !== "0" };
           } catch {
-            return { up: false, leader: false };
+            // unreachable, silent or refusing: counted as down
           }
+          this.memberOk.set(normalize(url), r.up && r.leader);
+          return r;
         }),
       );
       this.reachable = results.filter((r) => r.up).length;
@@ -98,6 +108,16 @@ export class HealthMonitor {
     }
   }
 
+  /** Whether member `url` answered the last poll with a leader (undefined: not polled yet). */
+  member(url: string): boolean | undefined {
+    return this.memberOk.get(normalize(url));
+  }
+
+  /** How long the quorum has been seen lost without a break, in ms (0 while held). */
+  lostForMs(): number {
+    return this.lostSince === null ? 0 : this.now() - this.lostSince;
+  }
+
   /** The current view; never throws. */
   view(): QuorumView {
     const current = this.lostSince === null ? 0 : this.now() - this.lostSince;
@@ -112,6 +132,7 @@ export class HealthMonitor {
   private closeClients(): void {
     for (const { client } of this.clients) client.close();
     this.clients = [];
+    this.memberOk.clear();
   }
 
   /** Stops polling and closes the member clients. */

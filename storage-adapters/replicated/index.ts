@@ -8,7 +8,7 @@
  * etcd-errors.ts. Limits and deployment: deploy/etcd/README.md.
  */
 import { readFileSync } from "node:fs";
-import { Etcd3, type IOptions } from "etcd3";
+import type { IOptions } from "etcd3";
 import { ConfigError } from "../../src/errors.js";
 import type { LogEvent } from "../../src/state/events.js";
 import type { Database, MailboxMessage, OpenOptions, PostedMessage, Reader, Storage } from "../../src/storage/contract.js";
@@ -25,6 +25,7 @@ import { replicatedLeases } from "./lease.js";
 import { checkMembers, openReplicatedDatabase } from "./open.js";
 import { kvsOf, prefixEnd, range } from "./ops.js";
 import { resolveOptions, type ReplicatedLogger, type ReplicatedOptions } from "./options.js";
+import { Router, channelOptions, memberClientOptions } from "./router.js";
 
 export type { ReplicatedOptions, ReplicatedLogger } from "./options.js";
 export type { ReplicatedStats } from "./database.js";
@@ -65,16 +66,14 @@ export function createReplicatedStorage(options: ReplicatedOptions): Storage {
           },
         }
       : {}),
-    grpcOptions: { "grpc.max_receive_message_length": MAX_RECEIVE_BYTES },
+    grpcOptions: channelOptions(MAX_RECEIVE_BYTES) as IOptions["grpcOptions"],
   };
-  const client = new Etcd3({
-    ...clientOptions,
-    hosts: [...opts.endpoints],
-    // Unary calls get a deadline (an unanswered commit is then resolved by reading back); watch streams do not.
-    defaultCallOptions: (context) => (context.isStream ? {} : { deadline: Date.now() + opts.commitTimeoutMs }),
-  });
-  const health = new HealthMonitor(clientOptions, opts.healthIntervalMs, log);
-  const ctx = new Context(client, opts, log, health);
+  const memberOptions = memberClientOptions(clientOptions);
+  const health = new HealthMonitor(memberOptions, opts.healthIntervalMs, log);
+  // One client per member; each call names its deadline (router.ts). Streams (watches, the lease
+  // keep-alive) have none: their liveness is checked by gRPC keepalive and by the health monitor.
+  const router = new Router(opts.endpoints, memberOptions, opts.attemptTimeoutMs, (url) => health.member(url), opts.commitTimeoutMs);
+  const ctx = new Context(router, opts, log, health);
   const open = new Set<ReplicatedDatabase>();
   let membersLogged = false;
   let closed = false;
@@ -180,7 +179,7 @@ export function createReplicatedStorage(options: ReplicatedOptions): Storage {
       closed = true;
       await Promise.all([...open].map((db) => db.close()));
       health.stop();
-      client.close();
+      router.close();
     },
   };
 }

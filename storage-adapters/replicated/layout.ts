@@ -14,6 +14,9 @@
  *   cairn/db/<name>/mseq                  the last mailbox sequence number handed out (decimal).
  *   cairn/db/<name>/mail/<mseq, 16 digits> a posted, not yet acknowledged, mailbox message (JSON).
  *   cairn/db/<name>/mailid/<id>           {mseq, digest} of every message id ever posted (dedupe).
+ *   cairn/db/<name>/liveness              the owner's liveness lease (JSON: epoch, lease id, host, pid, and the
+ *                                         earlier owners' leases it has not yet seen gone), attached
+ *                                         to that etcd lease: gone when the lease expires or is revoked.
  *
  * A commit is ONE etcd transaction: compare epoch == mine AND head == expected AND every identity
  * key absent; then put the batch record(s), the identity keys and the new head.
@@ -56,6 +59,7 @@ export function keysOf(name: string) {
     mailPrefix: `${base}mail/`,
     mail: (mseq: number) => `${base}mail/${pad(mseq)}`,
     mailId: (id: string) => `${base}mailid/${id}`,
+    liveness: `${base}liveness`,
   } as const;
 }
 export type Keys = ReturnType<typeof keysOf>;

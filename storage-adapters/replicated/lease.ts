@@ -44,7 +44,8 @@ export function replicatedLeases(ctx: Context, ttlMs: number): OwnerLeases {
       checkDatabaseName(name);
       const key = ownerKey(name);
       const token = randomUUID();
-      const lease = ctx.client.lease(ttlSeconds, { autoKeepAlive: true });
+      // One member client (router.ts): the library keeps the lease alive on it.
+      const lease = ctx.router.pick().client.lease(ttlSeconds, { autoKeepAlive: true });
       try {
         const id = await lease.grant();
         const value = JSON.stringify({ token, ...owner } satisfies Stored);

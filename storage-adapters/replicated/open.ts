@@ -11,7 +11,14 @@ import type { Context } from "./context.js";
 import { ReplicatedDatabase } from "./database.js";
 import { GENESIS_HASH, checkDatabaseName, decodeBatch, keysOf, type Keys } from "./layout.js";
 import { LocalCopy, localCopyPath } from "./local-copy.js";
-import { absent, get, put, valueIs, valueOf } from "./ops.js";
+import { ReplicatedLease, grantLease, parseOwner, type LeaseRef, type OwnerRecord } from "./liveness.js";
+import { absent, get, put, putWithLease, valueIs, valueOf } from "./ops.js";
+
+/** The current owner record (null when none: released, expired, or never written). */
+async function peekOwner(ctx: Context, keys: Keys): Promise<OwnerRecord | null> {
+  const res = await ctx.txn([], [get(keys.liveness)]);
+  return parseOwner(valueOf(res.responses, 0));
+}
 
 /** Claim attempts before giving up (each failed attempt means another opener won that round). */
 const MAX_CLAIMS = 20;
@@ -30,7 +37,7 @@ export interface MemberInfo {
 export async function checkMembers(ctx: Context): Promise<MemberInfo[]> {
   let list;
   try {
-    list = await ctx.client.cluster.memberList({});
+    list = await ctx.call((client) => client.cluster.memberList({}), false);
   } catch (err) {
     throw ctx.fail(err, "list the members of the etcd cluster to open");
   }
@@ -52,19 +59,45 @@ export async function checkMembers(ctx: Context): Promise<MemberInfo[]> {
   return members;
 }
 
-/** Claims the next epoch of `name` (creating the database unless `create` is false). */
-async function claim(ctx: Context, keys: Keys, name: string, create: boolean): Promise<{ epoch: number; head: number; revision: string }> {
+interface Claimed {
+  epoch: number;
+  head: number;
+  revision: string;
+  /** Earlier owners' leases not known to be gone (the previous owner's, and those it was waiting for). */
+  waitFor: LeaseRef[];
+}
+
+/**
+ * Claims the next epoch of `name` (creating the database unless `create` is false), and in the same
+ * transaction records this owner's lease in `<db>/owner`, reading the record it replaces.
+ */
+async function claim(ctx: Context, keys: Keys, name: string, create: boolean, lease: string): Promise<Claimed> {
+  const ttlMs = ctx.opts.livenessMs;
   for (let attempt = 0; attempt < MAX_CLAIMS; attempt++) {
     const current = await readEpochHead(ctx, keys);
     if (current.epoch === null) {
       if (!create) throw new DatabaseNotFound(name);
-      const res = await ctx.txn([absent(keys.epoch)], [put(keys.epoch, "1"), put(keys.head, "0"), put(keys.mseq, "0")]);
-      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision };
+      const res = await ctx.txn(
+        [absent(keys.epoch)],
+        [put(keys.epoch, "1"), put(keys.head, "0"), put(keys.mseq, "0"), putWithLease(keys.liveness, ReplicatedLease.record(1, lease, ttlMs, []), lease)],
+      );
+      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision, waitFor: [] };
       continue;
     }
     const next = current.epoch + 1;
-    const res = await ctx.txn([valueIs(keys.epoch, String(current.epoch))], [put(keys.epoch, String(next)), get(keys.head)]);
-    if (res.succeeded) return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision };
+    // The previous record is read before it is replaced, in the same transaction.
+    const previous = current.epoch === null ? null : await peekOwner(ctx, keys);
+    const waitFor = previous === null ? [] : [{ lease: previous.lease, host: previous.host, pid: previous.pid }, ...previous.pending];
+    const res = await ctx.txn(
+      [valueIs(keys.epoch, String(current.epoch))],
+      [put(keys.epoch, String(next)), get(keys.head), get(keys.liveness), putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, waitFor), lease)],
+    );
+    if (!res.succeeded) continue;
+    // The record may have changed between the peek and the claim (a clean close deleted it): the
+    // one read inside the transaction decides what to wait for.
+    const replaced = parseOwner(valueOf(res.responses, 2));
+    const truth = replaced === null ? [] : [{ lease: replaced.lease, host: replaced.host, pid: replaced.pid }, ...replaced.pending];
+    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, waitFor: truth };
   }
   throw new ConfigError(`could not claim database "${name}": ${MAX_CLAIMS} other openers claimed it at the same time; is a restart loop running?`);
 }
@@ -127,9 +160,14 @@ function openCopy(ctx: Context, name: string): LocalCopy {
 export async function openReplicatedDatabase(ctx: Context, name: string, create: boolean, onClose: (db: ReplicatedDatabase) => void): Promise<ReplicatedDatabase> {
   checkDatabaseName(name);
   const keys = keysOf(name);
-  let claimed;
+  let claimed: Claimed;
+  let lease: ReplicatedLease;
   try {
-    claimed = await claim(ctx, keys, name, create);
+    const grantedAt = performance.now();
+    const leaseId = await grantLease(ctx, ctx.opts.livenessMs);
+    claimed = await claim(ctx, keys, name, create, leaseId);
+    lease = new ReplicatedLease(ctx, name, keys, claimed.epoch, leaseId, ctx.opts.livenessMs, claimed.waitFor, grantedAt);
+    lease.start();
   } catch (err) {
     throw ctx.fail(err, "open", name);
   }
@@ -144,6 +182,7 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
       head: claimed.head,
       lastHash,
       claimRevision: claimed.revision,
+      lease,
       onClose: () => onClose(db),
     });
     await db.startWatches();
@@ -151,6 +190,7 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
     return db;
   } catch (err) {
     copy.close();
+    await lease.release();
     throw ctx.fail(err, "open", name);
   }
 }

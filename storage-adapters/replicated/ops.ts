@@ -29,6 +29,8 @@ export const present = (key: string): ICompare => ({ key: b(key), target: "Creat
 export const modIs = (key: string, rev: string): ICompare => ({ key: b(key), target: "Mod", result: "Equal", mod_revision: rev });
 
 export const put = (key: string, value: string): IRequestOp => ({ request_put: { key: b(key), value: b(value) } });
+/** Puts `key` attached to lease `lease` (decimal id): etcd deletes it when the lease ends. */
+export const putWithLease = (key: string, value: string, lease: string): IRequestOp => ({ request_put: { key: b(key), value: b(value), lease } });
 export const get = (key: string): IRequestOp => ({ request_range: { key: b(key) } });
 /** Keys in [start, end), ascending, at most `limit` (0: all). */
 export const range = (start: string, end: Buffer, limit = 0): IRequestOp => ({ request_range: { key: b(start), range_end: end, limit } });

@@ -26,6 +26,9 @@ const OptionsSchema = z.strictObject({
   onOutage: z.enum(["wait", "reject"]).default("wait"),
   backlogLimit: z.number().int().positive().default(1000),
   commitTimeoutMs: z.number().int().min(100).default(5000),
+  attemptTimeoutMs: z.number().int().min(50).default(1500),
+  outageTimeoutMs: z.number().int().nonnegative().default(10_000),
+  livenessMs: z.number().int().min(2000).default(3000),
   healthIntervalMs: z.number().int().min(100).default(1000),
   leaseMs: z.number().int().min(1000).default(10_000),
   logger: z.custom<ReplicatedLogger>((v) => typeof v === "object" && v !== null && ["info", "warn", "error"].every((k) => typeof (v as Record<string, unknown>)[k] === "function"), {
@@ -52,12 +55,28 @@ export interface ReplicatedOptions {
   readonly zones?: Readonly<Record<string, string>>;
   /** Development only: accept fewer than three voting members (default false). */
   readonly allowSmallCluster?: boolean;
-  /** While the quorum is lost, commits wait (default) or, past `backlogLimit`, are refused. */
+  /**
+   * While the quorum is lost, commits wait (default), or ("reject") are refused once the quorum has
+   * been lost for longer than `outageTimeoutMs`, or once `backlogLimit` commits wait.
+   */
   readonly onOutage?: "wait" | "reject";
+  /** onOutage "reject": how long the quorum may be lost before commits are refused, in ms (default 10000). */
+  readonly outageTimeoutMs?: number;
   /** Commits that may wait for the quorum before new ones are refused (onOutage "reject"; default 1000). */
   readonly backlogLimit?: number;
   /** Deadline of each etcd request in ms (default 5000). A commit outliving it is resolved by reading back. */
   readonly commitTimeoutMs?: number;
+  /**
+   * Deadline of one attempt of a request on one member, in ms (default 1500): past it, the request is
+   * tried on the next member (a silent member costs at most this, once; then it is tried last).
+   */
+  readonly attemptTimeoutMs?: number;
+  /**
+   * Length of the owner's liveness lease (an etcd lease) in ms (default 3000; etcd grants whole seconds, at least 2).
+   * An owner that cannot renew it stops its cells and stops acting before it can have expired; a new
+   * owner launches nothing until the previous owner's lease is gone. Liveness only: fencing is by epoch.
+   */
+  readonly livenessMs?: number;
   /** How often members' health is polled for stats(), in ms (default 1000). */
   readonly healthIntervalMs?: number;
   /** Length of an owner lease (lease.ts) in ms, rounded up to whole seconds (default 10000). */

@@ -6,6 +6,7 @@
 import BetterSqlite3 from "better-sqlite3";
 import { hostname } from "node:os";
 import { CairnError } from "../../src/errors.js";
+import { recordLease } from "./liveness.js";
 
 /** A better-sqlite3 connection. */
 export type Connection = BetterSqlite3.Database;
@@ -87,7 +88,7 @@ export function openReadOnly(path: string): Connection {
  * ownership: `epoch = epoch + 1` in one BEGIN IMMEDIATE transaction. Returns the claimed epoch; every
  * earlier opener, in any process, now sees a higher epoch than its own and is fenced.
  */
-export function claimOwnership(conn: Connection, path: string): number {
+export function claimOwnership(conn: Connection, path: string, leaseMs: number): { epoch: number; earlier: ReturnType<typeof recordLease> } {
   const check = conn.pragma("quick_check", { simple: true });
   if (check !== "ok") {
     throw unusable(`${path}: PRAGMA quick_check failed (${String(check)}); the file is damaged. Restore it from a backup or a replica.`);
@@ -101,8 +102,9 @@ export function claimOwnership(conn: Connection, path: string): number {
     }
     conn.prepare("UPDATE owner SET epoch = epoch + 1, opened_at = ?, host = ?, pid = ? WHERE id = 1").run(new Date().toISOString(), hostname(), process.pid);
     const epoch = conn.prepare("SELECT epoch FROM owner WHERE id = 1").pluck().get() as number;
+    const earlier = recordLease(conn, epoch, leaseMs);
     conn.exec("COMMIT");
-    return epoch;
+    return { epoch, earlier };
   } catch (err) {
     if (conn.inTransaction) conn.exec("ROLLBACK");
     throw err;

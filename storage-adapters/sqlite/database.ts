@@ -17,6 +17,7 @@ import { guardHandle, Watchers } from "../../src/storage/handle.js";
 import { checkAckBound, checkRange, duplicateIdentity, lostAcknowledgement, prepareBatch } from "../../src/storage/semantics.js";
 import type BetterSqlite3 from "better-sqlite3";
 import type { Connection } from "./connection.js";
+import type { SqliteLease } from "./liveness.js";
 import { mapSqliteError, type SqlitePhase } from "./errors.js";
 
 type Statement<P extends unknown[] = [], R = unknown> = BetterSqlite3.Statement<P, R>;
@@ -109,6 +110,8 @@ export class SqliteDatabase implements Database {
     private readonly faults: FaultHook | undefined,
     private readonly pollMs: number,
     private readonly onClose: () => void,
+    /** The owner's heartbeat lease (lease.ts). */
+    readonly lease: SqliteLease,
   ) {
     this.epoch = epoch;
     this.s = new Statements(conn);
@@ -191,6 +194,7 @@ export class SqliteDatabase implements Database {
     this.watchers.clear();
     this.s.rollbackQuietly();
     this.conn.close();
+    await this.lease.release();
     this.onClose();
   }
 
@@ -222,6 +226,7 @@ export class SqliteDatabase implements Database {
       return new ResetError("stop", "diverged", `database "${this.name}": the owner epoch went from ${this.epoch} to ${String(current)}; the file was replaced. Stop and inspect it.`);
     }
     this.fencedBy = current;
+    this.lease.stopRenewing();
     this.notifyFenced();
     return ResetError.fenced(this.name, this.epoch, current);
   }
@@ -240,6 +245,7 @@ export class SqliteDatabase implements Database {
       const current = this.s.epoch.get();
       if (current !== undefined && current > this.epoch) {
         this.fencedBy = current;
+        this.lease.stopRenewing();
         this.notifyFenced();
         return;
       }

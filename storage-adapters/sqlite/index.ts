@@ -23,8 +23,9 @@ import { closedHandle } from "../../src/storage/handle.js";
 import { checkDatabaseName, isValidDatabaseName, mailboxFull, messageConflict, prepareMessage, sameMessage } from "../../src/storage/semantics.js";
 import { claimOwnership, openReadOnly, openWritable, type Connection } from "./connection.js";
 import { SqliteDatabase, Statements } from "./database.js";
-import { mapSqliteError } from "./errors.js";
+import { mapSqliteError, sqliteCode } from "./errors.js";
 import { sqliteLeases } from "./lease.js";
+import { DEFAULT_LEASE_MS as DEFAULT_LIVENESS_MS, SqliteLease, endFrozenOwner } from "./liveness.js";
 
 /** Options of the sqlite adapter. */
 export interface SqliteStorageOptions {
@@ -36,6 +37,8 @@ export interface SqliteStorageOptions {
   readonly fencePollMs?: number;
   /** Length of an owner lease (lease.ts), in ms (default DEFAULT_LEASE_MS). */
   readonly leaseMs?: number;
+  /** The owner's liveness heartbeat (liveness.ts: self-fencing, and ending an owner frozen inside its lock), in ms (default 3000). */
+  readonly livenessMs?: number;
 }
 
 /** The default owner lease length: a standby takes over at most this long after its owner froze. */
@@ -55,6 +58,7 @@ export function createSqliteStorage(options: SqliteStorageOptions): Storage {
   if (typeof dataDir !== "string" || dataDir === "") throw new ConfigError("sqlite storage: dataDir is required (--data-dir).");
   if (!Number.isFinite(pollMs) || pollMs <= 0) throw new ConfigError(`sqlite storage: fencePollMs must be a positive number of ms, got ${String(pollMs)}.`);
   const leaseMs = options.leaseMs ?? DEFAULT_LEASE_MS;
+  const livenessMs = options.livenessMs ?? DEFAULT_LIVENESS_MS;
   if (!Number.isFinite(leaseMs) || leaseMs < 100) throw new ConfigError(`sqlite storage: leaseMs must be at least 100 ms, got ${String(leaseMs)}.`);
   const open = new Set<{ close(): Promise<void> }>();
   const pathOf = (name: string) => join(dataDir, `${name}.db`);
@@ -77,8 +81,16 @@ export function createSqliteStorage(options: SqliteStorageOptions): Storage {
       try {
         mkdirSync(dataDir, { recursive: true });
         conn = openWritable(path, openOptions.create === false);
-        const epoch = claimOwnership(conn, path);
-        const db: SqliteDatabase = new SqliteDatabase(name, conn, epoch, faults, pollMs, () => open.delete(db));
+        let claimed;
+        try {
+          claimed = claimOwnership(conn, path, livenessMs);
+        } catch (err) {
+          // Last opener wins also over an owner frozen inside its write transaction (lease.ts).
+          if (!sqliteCode(err).startsWith("SQLITE_BUSY") || (await endFrozenOwner(path, (msg) => process.emitWarning(msg, "CairnFrozenOwner"))) === null) throw err;
+          claimed = claimOwnership(conn, path, livenessMs);
+        }
+        const lease = new SqliteLease(path, claimed.epoch, livenessMs, claimed.earlier);
+        const db: SqliteDatabase = new SqliteDatabase(name, conn, claimed.epoch, faults, pollMs, () => open.delete(db), lease);
         open.add(db);
         return db;
       } catch (err) {

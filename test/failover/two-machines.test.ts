@@ -113,7 +113,9 @@ describe("replicated storage: a run survives the loss of its machine and of memb
         ],
       }),
     );
-    const run = spawnCairn(["run", "survive member loss", "--db", "harness-2", "--storage", "replicated", "--model", `scripted:${script}`, "--data-dir", join(t.dir, "m2"), "--cwd", t.dir, "--json"]);
+    // A lease longer than the outage below: with the default (3 s) the owner would stop its cells and
+    // exit 4 once it cannot renew (chaos/silent-zone.test.ts); here it rides the outage out.
+    const run = spawnCairn(["run", "survive member loss", "--db", "harness-2", "--storage", "replicated", "--liveness", "120", "--model", `scripted:${script}`, "--data-dir", join(t.dir, "m2"), "--cwd", t.dir, "--json"]);
     await until("cell 1 to run", () => existsSync(`${gate}.1`));
     await cluster.kill(2);
     writeFileSync(`${gate}.go1`, "");

@@ -1,0 +1,76 @@
+/**
+ * Self-fencing by the owner's lease (issue 14): what a harness does with `Database.lease`.
+ *
+ * - Before a new owner launches anything, every earlier owner's lease must be gone (`awaitPrevious`,
+ *   called by `Harness.open` right after the claim): an owner cut off from the cluster may still be
+ *   running cells, and it stops them before its lease can have expired.
+ * - When this owner's lease is lost (it could not renew in time: cut off, or its renewals went
+ *   unanswered), `guardLease` SIGKILLs the process groups of the cells it launched on this host at
+ *   once (no grace: the lease deadline counts), then stops the harness (status "unreachable"): no
+ *   launch, no model call, no commit. The CLI exits 4 (3 when it could tell it was fenced).
+ * - Once the harness has stopped its cells (fenced, poisoned or closed), the lease is released so
+ *   that the next owner need not wait for it to run out.
+ *
+ * Safety never rests on this: a fenced owner's writes are refused by its epoch, whatever the clocks.
+ */
+import type { Logger } from "pino";
+import { hostName } from "../exec/identity.js";
+import { signalGroup } from "../exec/group.js";
+import type { LogEvent } from "../state/events.js";
+import type { Database } from "../storage/contract.js";
+import { StorageUnavailable } from "../storage/errors.js";
+
+/** Waits until every earlier owner's lease is gone (no wait without a lease, or when none is left). */
+export async function awaitPrevious(db: Database, logger: Logger): Promise<void> {
+  const lease = db.lease;
+  if (lease === undefined) return;
+  const t0 = performance.now();
+  await lease.previousGone();
+  const waited = performance.now() - t0;
+  if (waited > 50) logger.info({ waitedMs: Math.round(waited) }, "the previous owner's lease is gone: launching is allowed");
+}
+
+/** What `guardLease` needs from its harness (kept narrow so the harness files stay apart). */
+export interface LeaseHost {
+  readonly name: string;
+  follow(listener: (events: readonly LogEvent[]) => void): () => void;
+  onStop(listener: () => void): () => void;
+  /** Stops acting at once with `error` (status "unreachable"); running cells are stopped. */
+  loseOwnership(error: StorageUnavailable): void;
+}
+
+/** Installs the self-fencing hook; returns its remover. */
+export function guardLease(h: LeaseHost, db: Database, logger: Logger): () => void {
+  const lease = db.lease;
+  if (lease === undefined) return () => {};
+  const host = hostName();
+  /** Process groups of the cells this harness launched on this host and not yet seen finish. */
+  const groups = new Map<string, number>();
+  const unfollow = h.follow((events) => {
+    for (const e of events) {
+      if (e.kind === "execution_started" && e.body.host === host) groups.set(`${e.session}/${e.body.cell_id}`, e.body.pgid);
+      else if (e.kind === "execution_finished") groups.delete(`${e.session}/${e.body.cell_id}`);
+    }
+  });
+  const unlost = lease.onLost((reason) => {
+    for (const pgid of groups.values()) {
+      try {
+        signalGroup(pgid, "SIGKILL");
+      } catch {
+        // a pgid <= 1 is never signalled
+      }
+    }
+    logger.error({ reason, killedGroups: [...groups.values()] }, "ownership lease lost: killed the cells' process groups; acting no more");
+    h.loseOwnership(
+      new StorageUnavailable(
+        `lost the ownership lease of database "${h.name}" (${reason}): this process killed its running cells and stops acting; another process may own the database now. Restart it only where the storage is reachable.`,
+      ),
+    );
+  });
+  const unstop = h.onStop(() => void lease.release());
+  return () => {
+    unfollow();
+    unlost();
+    unstop();
+  };
+}

@@ -1,0 +1,248 @@
+/**
+ * The owner's etcd lease (issue 14): liveness, never safety. Fencing stays the epoch's job.
+ *
+ * - Open grants a lease (whole seconds, at least etcd's minimum) and claims the epoch in the same
+ *   transaction that writes `<db>/owner` attached to it, reading the previous owner record first.
+ * - Renewal: a keep-alive every ttl/6 on a member the router picks (one short stream per renewal,
+ *   bounded by a short attempt deadline, so a silent member costs one attempt); renewals overlap, so
+ *   one stuck on a silent member does not hold up the next. `sentAt` of the last
+ *   renewal etcd confirmed is taken on this process's monotonic clock *before* sending: etcd's leader
+ *   receives it later, so the lease cannot expire before `sentAt + ttl` (given bounded clock drift).
+ * - Lost: at `sentAt + ttl - margin` without a newer confirmed renewal, `onLost` fires: the harness
+ *   SIGKILLs its cells' process groups and stops acting. After a fence the handle stops renewing.
+ * - A new owner's `previousGone()` polls the previous owners' leases (LeaseTimeToLive, -1 = gone),
+ *   skipping those whose process ran on this host and is gone. A clean close revokes the lease.
+ */
+import { hostname } from "node:os";
+import { setTimeout as sleep } from "node:timers/promises";
+import { GRPCUnavailableError, castGrpcError } from "etcd3";
+import type { OwnershipLease } from "../../src/storage/contract.js";
+import type { Context } from "./context.js";
+import type { Keys } from "./layout.js";
+import { putWithLease, valueIs } from "./ops.js";
+
+/** One owner's lease as `<db>/owner` records it. */
+export interface LeaseRef {
+  readonly lease: string;
+  readonly host: string;
+  readonly pid: number;
+}
+
+export interface OwnerRecord extends LeaseRef {
+  readonly epoch: number;
+  readonly ttlMs: number;
+  /** Earlier owners' leases this owner had not seen gone when it claimed. */
+  readonly pending: readonly LeaseRef[];
+}
+
+/** Parses an owner record; null for anything else (an absent key, an older layout). */
+export function parseOwner(value: string | null): OwnerRecord | null {
+  if (value === null) return null;
+  try {
+    const o = JSON.parse(value) as OwnerRecord;
+    return typeof o.lease === "string" && typeof o.pid === "number" ? { ...o, pending: Array.isArray(o.pending) ? o.pending : [] } : null;
+  } catch {
+    return null;
+  }
+}
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
+/** Safety margin before the lease could expire: the harness must have killed its cells by then. */
+export function marginMs(ttlMs: number): number {
+  return Math.max(500, Math.round(ttlMs / 4));
+}
+
+/** Renewals outstanding at once: a renewal stuck on a silent member does not hold up the next. */
+const MAX_INFLIGHT = 4;
+
+/** Grants a lease of `ttlMs` (rounded up to whole seconds). Returns its id (decimal string). */
+export async function grantLease(ctx: Context, ttlMs: number): Promise<string> {
+  const res = await ctx.call((client) => client.leaseClient.leaseGrant({ TTL: Math.ceil(ttlMs / 1000), ID: 0 }));
+  return String(res.ID);
+}
+
+/** The live lease of an owned handle. */
+export class ReplicatedLease implements OwnershipLease {
+  private lastSentOk = performance.now();
+  private lostTimer: NodeJS.Timeout | null = null;
+  private ticker: NodeJS.Timeout | null = null;
+  private inflight = new Set<Promise<void>>();
+  private stopped = false;
+  private lost: string | null = null;
+  private released = false;
+  private readonly listeners = new Set<(reason: string) => void>();
+  private previous: Promise<void> | null = null;
+
+  constructor(
+    private readonly ctx: Context,
+    private readonly db: string,
+    private readonly keys: Keys,
+    private readonly epoch: number,
+    readonly id: string,
+    readonly ttlMs: number,
+    /** Leases of earlier owners to wait for (from the record the claim replaced). */
+    private readonly waitFor: readonly LeaseRef[],
+    grantedAt: number,
+  ) {
+    this.lastSentOk = grantedAt;
+  }
+
+  /** The owner record this lease is written as. */
+  static record(epoch: number, lease: string, ttlMs: number, pending: readonly LeaseRef[]): string {
+    const rec: OwnerRecord = { epoch, lease, host: hostname(), pid: process.pid, ttlMs, pending };
+    return JSON.stringify(rec);
+  }
+
+  start(): void {
+    this.arm();
+    const every = Math.max(250, Math.round(this.ttlMs / 6));
+    this.ticker = setInterval(() => this.renewOnce(), every);
+    this.ticker.unref();
+    this.renewOnce();
+  }
+
+  private arm(): void {
+    if (this.lostTimer) clearTimeout(this.lostTimer);
+    const at = this.lastSentOk + this.ttlMs - marginMs(this.ttlMs);
+    this.lostTimer = setTimeout(() => this.markLost(`no renewal of the ownership lease confirmed for ${Math.round(performance.now() - this.lastSentOk)} ms (lease ${this.ttlMs} ms)`), Math.max(0, at - performance.now()));
+    this.lostTimer.unref();
+  }
+
+  /**
+   * One renewal on the member the router picks (another after a failed attempt), bounded by the time
+   * left before the lease could be lost. Renewals overlap: the newest confirmed `sentAt` counts.
+   */
+  private renewOnce(): void {
+    if (this.stopped || this.inflight.size >= MAX_INFLIGHT) return;
+    const sentAt = performance.now();
+    const p = this.ctx.router
+      .call((client) => keepAliveOnce(client, this.id), Math.max(250, this.ttlMs - marginMs(this.ttlMs)))
+      .then((ttl) => {
+        if (this.stopped || this.lost !== null) return;
+        if (ttl <= 0) {
+          this.markLost("etcd reports the ownership lease expired");
+          return;
+        }
+        if (sentAt > this.lastSentOk) {
+          this.lastSentOk = sentAt;
+          this.arm();
+        }
+      })
+      .catch((err: unknown) => {
+        if (!this.stopped) this.ctx.log.warn({ db: this.db, err: (err as Error).message }, "could not renew the ownership lease; retrying");
+      })
+      .finally(() => this.inflight.delete(p));
+    this.inflight.add(p);
+  }
+
+  private markLost(reason: string): void {
+    if (this.lost !== null || this.released) return;
+    this.lost = reason;
+    this.halt();
+    this.ctx.log.error({ db: this.db, epoch: this.epoch, reason }, "ownership lease lost: stop acting");
+    for (const l of [...this.listeners]) {
+      try {
+        l(reason);
+      } catch {
+        // a listener's own bug must not stop the others
+      }
+    }
+  }
+
+  /** Fenced: this handle has no right to the lease any more; stop renewing (it runs out, or is released). */
+  stopRenewing(): void {
+    this.halt();
+  }
+
+  private halt(): void {
+    this.stopped = true;
+    if (this.ticker) clearInterval(this.ticker);
+    this.ticker = null;
+  }
+
+  onLost(listener: (reason: string) => void): () => void {
+    if (this.lost !== null) {
+      queueMicrotask(() => listener(this.lost!));
+      return () => {};
+    }
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  held(): boolean {
+    return this.lost === null && !this.released && !this.stopped;
+  }
+
+  previousGone(): Promise<void> {
+    this.previous ??= this.waitPrevious();
+    return this.previous;
+  }
+
+  private async waitPrevious(): Promise<void> {
+    const host = hostname();
+    const open = this.waitFor.filter((r) => !(r.host === host && r.pid !== process.pid && !pidAlive(r.pid)));
+    const t0 = performance.now();
+    let logged = false;
+    for (const ref of open) {
+      for (;;) {
+        if (this.released) return;
+        let ttl: number;
+        try {
+          const res = await this.ctx.call((client) => client.leaseClient.leaseTimeToLive({ ID: ref.lease, keys: false }), false);
+          ttl = Number(res.TTL);
+        } catch {
+          ttl = 1; // unknown: keep waiting
+        }
+        if (ttl <= 0) break;
+        if (ref.host === host && ref.pid !== process.pid && !pidAlive(ref.pid)) break;
+        if (!logged) {
+          logged = true;
+          this.ctx.log.warn({ db: this.db, previousLease: ref.lease, previousHost: ref.host, previousPid: ref.pid }, "waiting for the previous owner's lease to end before launching anything");
+        }
+        await sleep(200);
+      }
+    }
+    if (open.length > 0) this.ctx.log.info({ db: this.db, waitedMs: Math.round(performance.now() - t0) }, "the previous owner's lease is gone");
+    // Nothing left to wait for: drop them from our record so that the next owner does not poll them.
+    if (this.waitFor.length > 0 && !this.released && this.lost === null) {
+      await this.ctx.txn([valueIs(this.keys.epoch, String(this.epoch))], [putWithLease(this.keys.liveness, ReplicatedLease.record(this.epoch, this.id, this.ttlMs, []), this.id)]).catch(() => undefined);
+    }
+  }
+
+  async release(): Promise<void> {
+    if (this.released) return;
+    this.released = true;
+    this.halt();
+    if (this.lostTimer) clearTimeout(this.lostTimer);
+    this.lostTimer = null;
+    try {
+      await this.ctx.router.call((client) => client.leaseClient.leaseRevoke({ ID: this.id }), Math.min(this.ctx.opts.commitTimeoutMs, this.ttlMs));
+    } catch {
+      // unreachable: the lease runs out by itself
+    }
+    await Promise.all([...this.inflight]);
+  }
+}
+
+/** One keep-alive on `client`'s member, within one attempt deadline (router.ts). Resolves with the TTL etcd reports (<= 0: gone). */
+async function keepAliveOnce(client: import("etcd3").Etcd3, id: string): Promise<number> {
+  const stream = await client.leaseClient.leaseKeepAlive();
+  try {
+    return await new Promise<number>((resolve, reject) => {
+      stream.on("data", (res: { TTL: string }) => resolve(Number(res.TTL)));
+      stream.on("error", (err: Error) => reject(castGrpcError(err)));
+      stream.on("end", () => reject(new GRPCUnavailableError("the lease keep-alive stream ended without an answer")));
+      stream.write({ ID: id });
+    });
+  } finally {
+    stream.end();
+  }
+}
