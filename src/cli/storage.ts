@@ -4,6 +4,7 @@
 import { resolve } from "node:path";
 import type { AdapterName, Storage } from "../storage/contract.js";
 import { isValidDatabaseName } from "../storage/semantics.js";
+import { storageFaultsFromEnv } from "../storage/chaos-fault.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import type { Logger } from "pino";
@@ -49,12 +50,15 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
   const leaseText = str(p, "lease") ?? env.CAIRN_LEASE;
   const leaseMs = leaseText === undefined || leaseText === "" ? undefined : Math.round(durationSeconds(command, "lease", leaseText) * 1000);
   if (leaseMs !== undefined && leaseMs < 1000) throw new UsageError(`cairn ${command}: --lease (CAIRN_LEASE) must be at least 1s, got "${leaseText}".`);
+  // Test-only (CAIRN_CHAOS_STORAGE_FAULT, see storage/chaos-fault.ts); undefined in production.
+  const faultHook = storageFaultsFromEnv(env);
+  const faults = faultHook ? { faults: faultHook } : {};
   if (kind === "memory") {
-    const storage = createMemoryStorage();
+    const storage = createMemoryStorage(faults);
     return { storage, adapter: storage.adapter, dataDir, describe: "memory (nothing survives this process)" };
   }
   if (kind === "sqlite") {
-    const storage = createSqliteStorage({ dataDir, ...(leaseMs !== undefined ? { leaseMs } : {}) });
+    const storage = createSqliteStorage({ dataDir, ...faults, ...(leaseMs !== undefined ? { leaseMs } : {}) });
     return { storage, adapter: storage.adapter, dataDir, describe: `sqlite in ${dataDir}` };
   }
   if (kind === "replicated") {
@@ -70,6 +74,7 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
       onOutage,
       allowSmallCluster: flag(p, "allow-small-cluster"),
       ...(leaseMs !== undefined ? { leaseMs } : {}),
+      ...faults,
       ...(logger ? { logger } : {}),
     });
     return { storage, adapter: storage.adapter, dataDir, describe: `replicated on etcd ${endpoints.join(",")} (cache in ${dataDir})` };
