@@ -261,8 +261,8 @@ export function check(input: CheckInput): Verdict {
     });
   }
 
-  if (commits.acknowledged < floor.ackedCommits) add({ check: "floor", db: "*", message: `only ${commits.acknowledged} commits were acknowledged (the floor is ${floor.ackedCommits})`, excerpt: [] });
-  if (runs.success < floor.successfulRuns) add({ check: "floor", db: "*", message: `only ${runs.success} runs ended in success (the floor is ${floor.successfulRuns})`, excerpt: [] });
+  if (commits.acknowledged < floor.ackedCommits) add({ check: "floor", db: "*", message: `only ${commits.acknowledged} commits were acknowledged (the floor is ${floor.ackedCommits})`, excerpt: [`commits: ${JSON.stringify(commits)}`] });
+  if (runs.success < floor.successfulRuns) add({ check: "floor", db: "*", message: `only ${runs.success} runs ended in success (the floor is ${floor.successfulRuns})`, excerpt: [`runs: ${JSON.stringify(runs)}`] });
 
   return { anomalies, stats: { commits, runs, opens, fences, exits, faults, posts, effectLines } };
 }

@@ -9,7 +9,7 @@
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { chmodSync, chownSync, closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { LogEvent } from "../../src/state/events.js";
 import type { Storage } from "../../src/storage/contract.js";
@@ -20,13 +20,12 @@ import { check, report, type FinalEvent, type Floor, type Verdict } from "./chec
 import { firewall, firewallUnavailable, type Firewall } from "./firewall.js";
 import { HistoryWriter, parseHistory, type HRecord } from "./history.js";
 import type { Plan } from "./policy.js";
+import { bundle } from "./bundle.js";
 import { between, rng } from "./rng.js";
 import { schedule, type Fault, type FaultKind } from "./schedule.js";
 import type { WorkerConfig } from "./worker.js";
 
 const REPO = fileURLToPath(new URL("../../", import.meta.url));
-const WORKER = fileURLToPath(new URL("./worker.ts", import.meta.url));
-const TSX = import.meta.resolve("tsx");
 
 export interface NemesisOptions {
   readonly seed: number;
@@ -92,7 +91,7 @@ function idsOf(name: string): { uid: number; gid: number } {
 }
 
 const WEIGHTS: Partial<Record<FaultKind, number>> = {
-  "kill-worker": 4,
+  "kill-worker": 3,
   "pause-worker": 8,
   "race-opener": 2,
   "lost-ack": 2,
@@ -134,6 +133,8 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
   log(`nemesis: seed ${o.seed}, ${o.faults} faults over ${o.spanMs} ms, ${o.runs} runs; working dir ${root}`);
 
   try {
+    const built = await bundle();
+    cleanups.push(() => rmSync(dirname(built.worker), { recursive: true, force: true }));
     // ---- the databases
     const effects = join(root, "effects");
     mkdirSync(effects, { mode: 0o777 });
@@ -218,14 +219,14 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
         effectFile: db.effectFile,
         submitDir: db.submitDir,
         cwd: join(root, "cells", db.name),
-        timerCli: `'${process.execPath}' --import '${TSX}' '${join(REPO, "src/cli/entry.ts")}'`,
+        timerCli: `'${process.execPath}' '${built.cli}'`,
         longMs: 1500,
         commitTimeoutMs: 1500,
       };
       const base: NodeJS.ProcessEnv = {};
       for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("CAIRN_") && !k.startsWith("NODE_TEST")) base[k] = v;
       const env = db.user ? { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: nobodyHome, TMPDIR: join(nobodyHome, "tmp"), NODE_NO_WARNINGS: "1", ...extra } : { ...base, NODE_NO_WARNINGS: "1", ...extra };
-      const child = spawn(process.execPath, ["--import", TSX, WORKER, JSON.stringify(cfg)], {
+      const child = spawn(process.execPath, [built.worker, JSON.stringify(cfg)], {
         cwd: REPO,
         env,
         stdio: ["ignore", "ignore", "pipe"],
@@ -470,13 +471,12 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
     const submitEvery = o.spanMs / Math.max(1, o.runs);
     let nextSubmit = 0;
     let nextPost = 0;
-    const openSeen = new Set<number>();
     let fi = 0;
     while (fi < plan.length || nextSubmit < o.runs) {
       const now = Date.now() - t0;
       while (fi < plan.length && plan[fi]!.atMs <= now) {
         const f = plan[fi++]!;
-        await inject(f).catch((err: unknown) => log(`nemesis: fault ${f.n} ${f.kind} could not be injected: ${String(err)}`));
+        void inject(f).catch((err: unknown) => log(`nemesis: fault ${f.n} ${f.kind} could not be injected: ${String(err)}`));
       }
       while (nextSubmit < o.runs && nextSubmit * submitEvery <= now) submit(nextSubmit++);
       if (now >= nextPost) {
@@ -568,7 +568,7 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
     const verdict = check({ history, finals, effects: effectsByDb, floor });
     // recovery: a worker killed → the next opening of its database
     for (const l of lostAt) {
-      const next = history.find((r): r is Extract<HRecord, { type: "open" }> => r.type === "open" && r.db === l.db && r.at >= l.at && !openSeen.has(r.at));
+      const next = history.find((r): r is Extract<HRecord, { type: "open" }> => r.type === "open" && r.db === l.db && r.at >= l.at);
       if (next) recoveryMs.push(next.at - l.at);
     }
     const failure = verdict.anomalies.length > 0 ? report(o.seed, verdict.anomalies) : "";

@@ -62,7 +62,7 @@ export function schedule(o: ScheduleOptions): Fault[] {
       }
     }
     const atMs = Math.floor(r() * o.spanMs);
-    const target = kind === "isolate-owner" ? between(r, 1, 3) : kind.includes("member") ? between(r, 0, 2) : between(r, 0, o.dbs - 1);
+    const target = kind === "isolate-owner" ? between(r, 1, 3) : kind.includes("member") || kind.includes("leader") ? between(r, 0, 2) : between(r, 0, o.dbs - 1);
     const durationMs = pick(r, [150, 300, 600, 1200, 2500]);
     const nth = between(r, 1, 6);
     out.push({ n, atMs, kind, target, durationMs, nth });
