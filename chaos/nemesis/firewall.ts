@@ -4,7 +4,10 @@
  * packet the nemesis workers (running as uid `nobody`) send to some members' client ports. Rules of
  * dead earlier runs are removed at start; `clear()` removes ours (also at exit).
  */
-import { execFileSync } from "node:child_process";
+import { execFile, execFileSync } from "node:child_process";
+import { promisify } from "node:util";
+
+const run = promisify(execFile);
 
 const PREFIX = "cairn-nemesis-";
 
@@ -54,12 +57,12 @@ function remove(lines: readonly string[]): void {
 }
 
 export interface Firewall {
-  /** Drops every packet to or from `ports` (a member's client and peer ports); returns the rule id. */
-  isolatePorts(ports: readonly number[]): number;
-  /** Drops every TCP packet `uid` sends to `ports`; returns the rule id. */
-  cutUid(uid: number, ports: readonly number[]): number;
-  /** Removes the rules of `id`. */
-  heal(id: number): void;
+  /** Drops every packet to or from `ports` (a member's client and peer ports); resolves with the rule id. */
+  isolatePorts(ports: readonly number[]): Promise<number>;
+  /** Drops every TCP packet `uid` sends to `ports`; resolves with the rule id. */
+  cutUid(uid: number, ports: readonly number[]): Promise<number>;
+  /** Removes the rules of `id`. Never rejects. */
+  heal(id: number): Promise<void>;
   /** Removes every rule of this process. Never throws. */
   clear(): void;
   /** Rules of this process still in place. */
@@ -69,27 +72,30 @@ export interface Firewall {
 export function firewall(): Firewall {
   remove(ours((pid) => pid === process.pid || !pidAlive(pid)));
   let next = 0;
+  const added = new Map<number, string[][]>();
   const comment = (id: number) => ["-m", "comment", "--comment", `${PREFIX}${process.pid}-${id}`];
-  const idOf = (id: number) => (l: string) => l.includes(`${PREFIX}${process.pid}-${id}`);
   return {
-    isolatePorts(ports) {
+    async isolatePorts(ports) {
       const id = ++next;
       const p = ports.join(",");
-      iptables(["-I", "OUTPUT", "-p", "tcp", "-m", "multiport", "--dports", p, ...comment(id), "-j", "DROP"]);
-      iptables(["-I", "OUTPUT", "-p", "tcp", "-m", "multiport", "--sports", p, ...comment(id), "-j", "DROP"]);
+      const rules = [
+        ["-p", "tcp", "-m", "multiport", "--dports", p, ...comment(id), "-j", "DROP"],
+        ["-p", "tcp", "-m", "multiport", "--sports", p, ...comment(id), "-j", "DROP"],
+      ];
+      added.set(id, rules);
+      for (const r of rules) await run("iptables", ["-w", "5", "-I", "OUTPUT", ...r]);
       return id;
     },
-    cutUid(uid, ports) {
+    async cutUid(uid, ports) {
       const id = ++next;
-      iptables(["-I", "OUTPUT", "-p", "tcp", "-m", "owner", "--uid-owner", String(uid), "-m", "multiport", "--dports", ports.join(","), ...comment(id), "-j", "DROP"]);
+      const rules = [["-p", "tcp", "-m", "owner", "--uid-owner", String(uid), "-m", "multiport", "--dports", ports.join(","), ...comment(id), "-j", "DROP"]];
+      added.set(id, rules);
+      for (const r of rules) await run("iptables", ["-w", "5", "-I", "OUTPUT", ...r]);
       return id;
     },
-    heal(id) {
-      try {
-        remove(ours((pid) => pid === process.pid).filter(idOf(id)));
-      } catch {
-        // reported by rules() at the end
-      }
+    async heal(id) {
+      for (const r of added.get(id) ?? []) await run("iptables", ["-w", "5", "-D", "OUTPUT", ...r]).catch(() => undefined);
+      added.delete(id);
     },
     clear() {
       try {

@@ -73,6 +73,8 @@ interface Proc {
   readonly child: ChildProcess;
   readonly exited: Promise<void>;
   stderr: string;
+  /** The worker said it opened its database (faults aimed at an owner pick only these). */
+  opened: boolean;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -229,7 +231,7 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
       const child = spawn(process.execPath, [built.worker, JSON.stringify(cfg)], {
         cwd: REPO,
         env,
-        stdio: ["ignore", "ignore", "pipe"],
+        stdio: ["ignore", "pipe", "pipe"],
         ...(db.user ? { uid: db.user.uid, gid: db.user.gid } : {}),
       });
       const p: Proc = {
@@ -237,9 +239,13 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
         worker,
         child,
         stderr: "",
+        opened: false,
         exited: new Promise<void>((resolve) => child.once("exit", () => resolve())),
       };
       child.stderr!.setEncoding("utf8").on("data", (d: string) => (p.stderr = (p.stderr + d).slice(-4000)));
+      child.stdout!.setEncoding("utf8").on("data", (d: string) => {
+        if (d.includes("opened")) p.opened = true;
+      });
       procs.add(p);
       hist.write({ type: "spawn", db: db.name, worker, pid: child.pid ?? -1, role, ...(Object.keys(extra).length > 0 ? { env: extra } : {}) });
       void p.exited.then(() => {
@@ -372,7 +378,7 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
         injected += 1;
         hist.write({ type: "fault", n: f.n, kind: f.kind, target, phase: "begin", ...(detail ? { detail } : {}) });
       };
-      const owner = () => live(db.name).at(-1);
+      const owner = () => live(db.name).filter((p) => p.opened).at(-1);
       switch (f.kind) {
         case "kill-worker": {
           const p = owner();
@@ -431,14 +437,14 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
           return;
         }
         case "isolate-member": {
-          const id = fw!.isolatePorts(ports(f.target));
+          const id = await fw!.isolatePorts(ports(f.target));
           begin(`member ${f.target}`, `${f.durationMs} ms`);
           later(`member ${f.target}`, () => fw!.heal(id));
           return;
         }
         case "isolate-owner": {
           const js = [...Array(f.target).keys()].map((k) => (f.n + k) % 3);
-          const id = fw!.cutUid(nobody!.uid, js.map((j) => ports(j)[0]!));
+          const id = await fw!.cutUid(nobody!.uid, js.map((j) => ports(j)[0]!));
           begin(`replicated owners from members ${js.join(",")}`, `${f.durationMs} ms`);
           later(`owners`, () => fw!.heal(id));
           return;
@@ -472,11 +478,14 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
     let nextSubmit = 0;
     let nextPost = 0;
     let fi = 0;
+    const inflight = new Set<Promise<void>>();
     while (fi < plan.length || nextSubmit < o.runs) {
       const now = Date.now() - t0;
       while (fi < plan.length && plan[fi]!.atMs <= now) {
         const f = plan[fi++]!;
-        void inject(f).catch((err: unknown) => log(`nemesis: fault ${f.n} ${f.kind} could not be injected: ${String(err)}`));
+        const p = inject(f).catch((err: unknown) => log(`nemesis: fault ${f.n} ${f.kind} could not be injected: ${String(err)}`));
+        inflight.add(p);
+        void p.finally(() => inflight.delete(p));
       }
       while (nextSubmit < o.runs && nextSubmit * submitEvery <= now) submit(nextSubmit++);
       if (now >= nextPost) {
@@ -488,6 +497,7 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
     log(`nemesis: fault phase over after ${Date.now() - t0} ms, ${injected} faults injected; healing`);
 
     // ---- heal everything, let every run end
+    await Promise.all([...inflight]);
     for (const e of [...ends]) await e.run();
     fw?.clear();
     for (let j = 0; j < 3 && cluster; j++) {

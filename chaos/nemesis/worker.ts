@@ -132,6 +132,7 @@ async function main(): Promise<number> {
     return info.code === "reset" ? EXIT.fenced : info.code === "unavailable" || info.code === "uncertain" ? EXIT.storage : EXIT.failure;
   }
   process.env.CHAOS_EPOCH = String(h.epoch);
+  process.stdout.write(`opened ${h.epoch}\n`);
   const stopped = new Promise<number>((resolve) => {
     h.onStop((status) => resolve(status === "fenced" ? EXIT.fenced : status === "poisoned" ? EXIT.storage : EXIT.ok));
     process.once("SIGTERM", () => resolve(EXIT.ok));
