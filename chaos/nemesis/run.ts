@@ -378,7 +378,8 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
         injected += 1;
         hist.write({ type: "fault", n: f.n, kind: f.kind, target, phase: "begin", ...(detail ? { detail } : {}) });
       };
-      const owner = () => live(db.name).filter((p) => p.opened).at(-1);
+      // The owner if one opened, else whichever worker is starting (a kill while it opens is a fault too).
+      const owner = () => live(db.name).filter((p) => p.opened).at(-1) ?? live(db.name).at(-1);
       switch (f.kind) {
         case "kill-worker": {
           const p = owner();
