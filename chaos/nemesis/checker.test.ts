@@ -33,11 +33,11 @@ function clean() {
     if (outcome === "ok") h.push({ type: "ok", db: DB, worker, epoch, op, firstSeq: first, lastSeq: seq, at: at() });
     if (outcome === "uncertain") h.push({ type: "fail", db: DB, worker, epoch, op, outcome: "uncertain", code: "uncertain", reason: null, message: "lost", at: at() });
   };
-  const created = (s: string, req: string): HEvent => ({ kind: "session_created", identity: `session:${s}`, session: s });
+  const created = (s: string): HEvent => ({ kind: "session_created", identity: `session:${s}`, session: s });
   h.push({ type: "submit", db: DB, req: "r1", at: at() });
   h.push({ type: "spawn", db: DB, worker: "w1", pid: 10, role: "scheduled", at: at() });
   h.push({ type: "open", db: DB, worker: "w1", pid: 10, epoch: 1, head: 0, at: at() });
-  commit("w1", 1, [created("s1", "r1")]);
+  commit("w1", 1, [created("s1")]);
   log[0] = { ...log[0]!, body: { goal: "chaos r1 cells=2 long=0 timer=0" } };
   commit("w1", 1, [{ kind: "execution_started", identity: "started:s1:1", session: "s1", cell: 1 }]);
   effects.push(`s1 1 1 ${at()}`);

@@ -195,7 +195,6 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
       dbs.push(mkDb("rep-b", "replicated", join(root, "rep-b"), nobody));
     }
     hist.write({ type: "run", seed: o.seed, profile: `${o.faults} faults / ${o.spanMs} ms / ${o.runs} runs`, dbs: dbs.map((d) => ({ name: d.name, adapter: d.adapter })) });
-    const byName = new Map(dbs.map((d) => [d.name, d]));
 
     // ---- workers and the scheduler loop
     let spawned = 0;
