@@ -43,6 +43,8 @@ export interface NemesisOptions {
   readonly log?: (line: string) => void;
   /** Use the etcd cluster (default: when `etcd` is installed). */
   readonly replicated?: boolean;
+  /** Only these fault kinds, with these weights (default: every kind, see WEIGHTS). */
+  readonly weights?: Partial<Record<FaultKind, number>>;
 }
 
 export interface NemesisResult {
@@ -313,7 +315,7 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
 
     // ---- the nemesis
     const dbCount = dbs.length;
-    const weights: Partial<Record<FaultKind, number>> = { ...WEIGHTS };
+    const weights: Partial<Record<FaultKind, number>> = { ...(o.weights ?? WEIGHTS) };
     if (!useReplicated) for (const k of Object.keys(weights) as FaultKind[]) if (k.includes("member") || k.includes("leader") || k === "isolate-owner") delete weights[k];
     if (!tmpfs) delete weights["disk-full"];
     const plan = schedule({ seed: o.seed, faults: o.faults, spanMs: o.spanMs, dbs: dbCount, weights });
