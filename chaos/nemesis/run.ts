@@ -562,7 +562,11 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
     const finals = new Map<string, FinalEvent[]>();
     mkdirSync(join(root, "final"));
     for (const db of dbs) {
-      const events = await readLog(db);
+      // A database no worker ever created has an empty log (the checker then reports its runs missing).
+      const events = await readLog(db).catch((err: unknown) => {
+        if ((err as { code?: string }).code === "not_found") return [] as LogEvent[];
+        throw err;
+      });
       writeFileSync(join(root, "final", `${db.name}.jsonl`), events.map((e) => JSON.stringify(e)).join("\n") + (events.length ? "\n" : ""));
       hist.write({ type: "final", db: db.name, head: events.length });
     }
