@@ -3,10 +3,11 @@
  *
  * - the base, `cairn-drill-base:<hash>`: `docker import` of a root file system copied from this
  *   host's own files: /usr/bin/node, /usr/bin/etcd (Debian's), /bin/sh, sleep and date, the shared
- *   libraries they load (from `ldd`), /tmp, a minimal /etc/passwd. The etcd containers run it.
+ *   libraries they load (from `ldd`), /tmp, a minimal /etc/passwd, and the production packages under
+ *   /app/node_modules (dereferenced: a worktree's node_modules may be a symlink). The etcd
+ *   containers run it.
  * - the worker, `cairn-drill-worker:<hash>`: deploy/Dockerfile built FROM that base (by
- *   testcontainers, through the Docker API), with the CLI bundled by esbuild and the production
- *   node_modules (dereferenced: a worktree's node_modules may be a symlink).
+ *   testcontainers, through the Docker API), its context holding the CLI bundled by esbuild.
  *
  * Both are tagged by a hash of what went in, so a second run reuses them.
  */
@@ -66,16 +67,30 @@ export interface DrillImages {
 export async function drillImages(log: (line: string) => void = () => undefined): Promise<DrillImages> {
   const work = mkdtempSync(join(tmpdir(), "cairn-drill-image-"));
   try {
-    // ---- the base: host files
+    // ---- the production node_modules (dereferenced: a worktree's node_modules may be a symlink)
+    const prod = sh("npm", ["ls", "--omit=dev", "--all", "--parseable"])
+      .split("\n")
+      .map((l) => l.trim())
+      .filter((l) => l !== "" && l !== REPO.replace(/\/$/, ""));
+    const nm = join(REPO, "node_modules");
+    const tops = new Set<string>();
+    for (const p of prod) {
+      const rel = relative(nm, p);
+      if (rel.startsWith("..")) continue;
+      const parts = rel.split(sep);
+      tops.add(parts[0]!.startsWith("@") ? join(parts[0]!, parts[1] ?? "") : parts[0]!);
+    }
+
+    // ---- the base: host files, and the packages under /app/node_modules
     const bins = [which("node"), which("etcd"), which("sh"), which("sleep"), which("date")];
     const files = new Set<string>();
     for (const b of bins) {
       files.add(b);
       for (const l of libs(b)) files.add(l);
     }
-    // sh may be a link (dash): keep /bin/sh itself, and Debian's merged /usr layout links /bin → /usr/bin.
     const baseHash = createHash("sha256");
     for (const f of [...files].sort()) baseHash.update(`${f}:${readFileSync(realpathSync(f)).length}\n`);
+    for (const t of [...tops].sort()) baseHash.update(`${t}:${readFileSync(join(nm, t, "package.json"), "utf8")}\n`);
     const base = `cairn-drill-base:${baseHash.digest("hex").slice(0, 12)}`;
     if (!imageExists(base)) {
       const t = Date.now();
@@ -95,37 +110,25 @@ export async function drillImages(log: (line: string) => void = () => undefined)
       writeFileSync(join(rootfs, "etc/passwd"), "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n");
       writeFileSync(join(rootfs, "etc/group"), "root:x:0:\nnogroup:x:65534:\n");
       mkdirSync(join(rootfs, "root"), { recursive: true });
+      for (const top of tops) cpSync(join(nm, top), join(rootfs, "app", "node_modules", top), { recursive: true, dereference: true });
       const tar = execFileSync("tar", ["-C", rootfs, "-c", "."], { maxBuffer: 1 << 30 });
       sh("docker", ["import", "-", base], tar);
-      log(`drill: imported ${base} from the host's files (${(tar.length / 1e6).toFixed(0)} MB) in ${Date.now() - t} ms`);
+      log(`drill: imported ${base} from the host's files and ${tops.size} packages (${(tar.length / 1e6).toFixed(0)} MB) in ${Date.now() - t} ms`);
     }
 
-    // ---- the worker: deploy/Dockerfile FROM the base
+    // ---- the worker: deploy/Dockerfile FROM the base, the context holding the bundled CLI
     const ctx = join(work, "context");
     mkdirSync(ctx);
     const esbuild = await import("esbuild");
     await esbuild.build({ entryPoints: [join(REPO, "src/cli/entry.ts")], outfile: join(ctx, "cairn.mjs"), bundle: true, platform: "node", format: "esm", target: "node20", packages: "external", logLevel: "error" });
-    const prod = sh("npm", ["ls", "--omit=dev", "--all", "--parseable"], undefined)
-      .split("\n")
-      .map((l) => l.trim())
-      .filter((l) => l !== "" && l !== REPO.replace(/\/$/, ""));
-    const nm = join(REPO, "node_modules");
-    const tops = new Set<string>();
-    for (const p of prod) {
-      const rel = relative(nm, p);
-      if (rel.startsWith("..")) continue;
-      const parts = rel.split(sep);
-      tops.add(parts[0]!.startsWith("@") ? join(parts[0]!, parts[1] ?? "") : parts[0]!);
-    }
     const h = createHash("sha256").update(base).update(readFileSync(join(ctx, "cairn.mjs"))).update(readFileSync(join(REPO, "deploy/Dockerfile")));
-    for (const t of [...tops].sort()) h.update(t);
     const worker = `cairn-drill-worker:${h.digest("hex").slice(0, 12)}`;
     if (!imageExists(worker)) {
       const t = Date.now();
-      for (const top of tops) cpSync(join(nm, top), join(ctx, "node_modules", top), { recursive: true, dereference: true });
       copyFileSync(join(REPO, "deploy/Dockerfile"), join(ctx, "Dockerfile"));
+      writeFileSync(join(ctx, ".dockerignore"), "Dockerfile\n.dockerignore\n");
       await GenericContainer.fromDockerfile(ctx, "Dockerfile").withBuildArgs({ BASE: base }).build(worker, { deleteOnExit: false });
-      log(`drill: built ${worker} from deploy/Dockerfile (${tops.size} packages) in ${Date.now() - t} ms`);
+      log(`drill: built ${worker} from deploy/Dockerfile in ${Date.now() - t} ms`);
     }
     return { base, worker };
   } finally {
