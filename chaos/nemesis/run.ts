@@ -416,7 +416,7 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
         case "kill-leader": {
           const j = f.kind === "kill-leader" ? await leader(f.target) : f.target;
           begin(`member ${j}`, `${f.durationMs} ms`);
-          memberKill(j);
+          void memberKill(j);
           later(`member ${j}`, () => memberRevive(j));
           return;
         }
@@ -424,7 +424,7 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
         case "pause-leader": {
           const j = f.kind === "pause-leader" ? await leader(f.target) : f.target;
           begin(`member ${j}`, `${f.durationMs} ms`);
-          memberPause(j);
+          void memberPause(j);
           later(`member ${j}`, () => memberThaw(j));
           return;
         }
@@ -432,9 +432,9 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
         case "pause-two-members": {
           const js = [f.target, (f.target + 1) % 3];
           begin(`members ${js.join(",")}`, `${f.durationMs} ms`);
-          for (const j of js) (f.kind === "kill-two-members" ? memberKill : memberPause)(j);
+          for (const j of js) void (f.kind === "kill-two-members" ? memberKill : memberPause)(j);
           later(`members ${js.join(",")}`, () => {
-            for (const j of js) (f.kind === "kill-two-members" ? memberRevive : memberThaw)(j);
+            for (const j of js) void (f.kind === "kill-two-members" ? memberRevive : memberThaw)(j);
           });
           return;
         }
@@ -506,10 +506,10 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
       await memberChain[j];
       if (killedMembers[j]! > 0) {
         killedMembers[j] = 1;
-        memberRevive(j);
+        void memberRevive(j);
       }
       pausedMembers[j] = Math.min(pausedMembers[j]!, 1);
-      if (pausedMembers[j]! > 0) memberThaw(j);
+      if (pausedMembers[j]! > 0) void memberThaw(j);
       await memberChain[j];
     }
     rmSync(filler, { force: true });
