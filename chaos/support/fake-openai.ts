@@ -20,12 +20,13 @@ export interface SeenRequest {
 export interface FakeOpenAI {
   /** The base URL to pass as `--base-url` (ends in /v1). */
   readonly baseUrl: string;
+  readonly port: number;
   readonly seen: SeenRequest[];
   close(): Promise<void>;
 }
 
 /** Starts the server. `answer` returns the patch for a request, or null for an HTTP 400 (not retryable). */
-export async function startFakeOpenAI(answer: (req: SeenRequest) => unknown[] | null): Promise<FakeOpenAI> {
+export async function startFakeOpenAI(answer: (req: SeenRequest) => unknown[] | null, host = "127.0.0.1"): Promise<FakeOpenAI> {
   const seen: SeenRequest[] = [];
   const server = createServer((req: IncomingMessage, res: ServerResponse) => {
     const chunks: Buffer[] = [];
@@ -79,10 +80,11 @@ export async function startFakeOpenAI(answer: (req: SeenRequest) => unknown[] | 
       });
     });
   });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  await new Promise<void>((resolve) => server.listen(0, host, resolve));
   const { port } = server.address() as AddressInfo;
   return {
-    baseUrl: `http://127.0.0.1:${port}/v1`,
+    baseUrl: `http://${host === "0.0.0.0" ? "127.0.0.1" : host}:${port}/v1`,
+    port,
     seen,
     close: () =>
       new Promise<void>((resolve) => {

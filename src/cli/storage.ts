@@ -4,6 +4,7 @@
 import { resolve } from "node:path";
 import type { AdapterName, Storage } from "../storage/contract.js";
 import { isValidDatabaseName } from "../storage/semantics.js";
+import { storageFaultsFromEnv } from "../storage/chaos-fault.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import type { Logger } from "pino";
@@ -65,12 +66,15 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
     if (livenessRaw.trim() === "" || !Number.isFinite(secs) || secs < 2) throw new UsageError(`cairn ${command}: --liveness expects a number of seconds, at least 2 (etcd's shortest lease), got "${livenessRaw}".`);
     livenessMs = Math.round(secs * 1000);
   }
+  // Test-only (CAIRN_CHAOS_STORAGE_FAULT, see storage/chaos-fault.ts); undefined in production.
+  const faultHook = storageFaultsFromEnv(env);
+  const faults = faultHook ? { faults: faultHook } : {};
   if (kind === "memory") {
-    const storage = createMemoryStorage();
+    const storage = createMemoryStorage(faults);
     return { storage, adapter: storage.adapter, dataDir, describe: "memory (nothing survives this process)" };
   }
   if (kind === "sqlite") {
-    const storage = createSqliteStorage({ dataDir, ...(leaseMs !== undefined ? { leaseMs } : {}), ...(livenessMs !== undefined ? { livenessMs } : {}) });
+    const storage = createSqliteStorage({ dataDir, ...faults, ...(leaseMs !== undefined ? { leaseMs } : {}), ...(livenessMs !== undefined ? { livenessMs } : {}) });
     return { storage, adapter: storage.adapter, dataDir, describe: `sqlite in ${dataDir}` };
   }
   if (kind === "replicated") {
@@ -96,6 +100,7 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
       ...(leaseMs !== undefined ? { leaseMs } : {}),
       allowSmallCluster: flag(p, "allow-small-cluster"),
       ...(livenessMs !== undefined ? { livenessMs } : {}),
+      ...faults,
       ...(logger ? { logger } : {}),
     });
     return { storage, adapter: storage.adapter, dataDir, describe: `replicated on etcd ${endpoints.join(",")} (cache in ${dataDir})` };

@@ -106,7 +106,7 @@ export const GATE_NOT_RELEASED_EXIT = 125;
  * The harness's own secrets and test hooks, never handed to agent code: the model keys, the etcd
  * credentials, and the chaos kill point.
  */
-export const WITHHELD_FROM_CELLS: readonly string[] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "CAIRN_ETCD_PASSWORD", "CAIRN_ETCD_USER", "CAIRN_CHAOS_KILL_AT"];
+export const WITHHELD_FROM_CELLS: readonly string[] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "CAIRN_ETCD_PASSWORD", "CAIRN_ETCD_USER", "CAIRN_CHAOS_KILL_AT", "CAIRN_CHAOS_STORAGE_FAULT"];
 
 /** This process's environment less what cells must not see. */
 export function cellBaseEnv(env: NodeJS.ProcessEnv): Record<string, string> {
