@@ -233,7 +233,7 @@ describe("silent members: commits route around them", { skip: unavailable ?? fal
   it("quorum lost: /readyz is 503 with the reason and 200 after; --on-outage reject refuses once the outage outlasts its timeout", async (t) => {
     // A lease longer than the outage: an owner that cannot renew its lease stops acting and exits
     // (silent-zone.test.ts); here the process must stay, unready, and be ready again after.
-    const store = createReplicatedStorage({ endpoints: c.cluster.endpoints, dataDir: data.dir, healthIntervalMs: 300, leaseMs: 120_000 });
+    const store = createReplicatedStorage({ endpoints: c.cluster.endpoints, dataDir: data.dir, healthIntervalMs: 300, livenessMs: 120_000 });
     const h = await Harness.open({ storage: store, name: "ready", model: new ScriptedModel({ rounds: [] }), workDir: data.dir, logger: pino({ level: "silent" }) });
     const server = await startObservabilityServer({ listen: "127.0.0.1:0", metrics: new Metrics({ adapter: "replicated" }), logger: pino({ level: "silent" }), ready: () => readiness(h, "ready") });
     const readyz = async () => {

@@ -215,9 +215,9 @@ describe("a silent zone: lease, self-fencing and failover", { skip: unavailable 
       const t0 = performance.now();
       a.child.kill("SIGKILL");
       c.cluster.signal(zone, "SIGSTOP");
-      // B's own lease is long: it opens during an election, and what is measured is how fast B takes
+      // B's own liveness lease is long: it opens during an election, and what is measured is how fast B takes
       // over from A (A's lease: A ran on this host and is gone, so it costs no wait).
-      const store = createReplicatedStorage({ endpoints, dataDir: join(dir, "b-data"), leaseMs: 30_000 });
+      const store = createReplicatedStorage({ endpoints, dataDir: join(dir, "b-data"), livenessMs: 30_000 });
       let h: Harness | null = null;
       try {
         h = await Harness.open({ storage: store, name: `loss-${i}`, model: new TakeoverModel(onceArgv(newFile)), workDir: join(dir, "b-work"), logger: pino({ level: "silent" }) });
