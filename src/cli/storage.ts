@@ -1,6 +1,7 @@
 /**
  * The one place that picks a concrete Storage adapter from flags and the environment.
  */
+import { existsSync, statSync } from "node:fs";
 import { resolve } from "node:path";
 import type { AdapterName, Storage } from "../storage/contract.js";
 import { isValidDatabaseName } from "../storage/semantics.js";
@@ -49,6 +50,7 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
   const leaseText = str(p, "lease") ?? env.CAIRN_LEASE;
   const leaseMs = leaseText === undefined || leaseText === "" ? undefined : Math.round(durationSeconds(command, "lease", leaseText) * 1000);
   if (leaseMs !== undefined && leaseMs < 1000) throw new UsageError(`cairn ${command}: --lease (CAIRN_LEASE) must be at least 1s, got "${leaseText}".`);
+  if (existsSync(dataDir) && !statSync(dataDir).isDirectory()) throw new UsageError(`cairn ${command}: --data-dir ${dataDir} is a file, not a directory; name a directory (it is created when missing).`);
   if (kind === "memory") {
     const storage = createMemoryStorage();
     return { storage, adapter: storage.adapter, dataDir, describe: "memory (nothing survives this process)" };

@@ -110,7 +110,7 @@ function projectionOf(spec: Spec): { s: SessionProjection; now: number } {
   for (let n = 1; n <= spec.turnCount; n++) {
     const turn = turnId(S, n);
     const open = turn === openTurn;
-    turns.set(turn, { turn, n, revision: n, delivered: [], attempts: 0, open_attempt: null, response: null, rejections: [], accepted: open ? null : { attempt: 1, patch: [], revision: n, seq: n, new_cell_ids: [], removed_ids: [], consumed: [] } });
+    turns.set(turn, { turn, n, revision: n, delivered: [], attempts: 0, open_attempt: null, response: null, rejections: [], model_failures: 0, accepted: open ? null : { attempt: 1, patch: [], revision: n, seq: n, new_cell_ids: [], removed_ids: [], consumed: [] } });
   }
   const base = initialState(S, "goal");
   const half = Math.floor(spec.usage / 2);
@@ -137,6 +137,8 @@ function projectionOf(spec: Spec): { s: SessionProjection; now: number } {
     idle_streak: 0,
     idle_total: 0,
     terminal: spec.terminal ? { result: "failure", reason: "x", at: new Date(CREATED).toISOString() } : null,
+    blocked: null,
+    refused_posts: [],
     last_seq: 100,
   };
   return { s, now };
