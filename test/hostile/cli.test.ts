@@ -9,10 +9,13 @@ import { execFileSync, spawn } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { cairn, ENTRY, hasStack } from "../cli/support.js";
+import { cairn as cairnCli, ENTRY, hasStack } from "../cli/support.js";
 import { tempDir } from "../harness/support.js";
 import { errorReply, revisionOf, startProvider, stepReply } from "./provider-server.js";
 import { describeError, EXIT } from "../../src/cli/exit.js";
+
+/** The CLI with a generous hang guard: on a loaded 2-core machine a cold tsx start alone takes tens of seconds. */
+const cairn = (args: string[], opts: { env?: NodeJS.ProcessEnv } = {}) => cairnCli(args, { ...opts, timeoutMs: 180_000 });
 
 let t: { dir: string; cleanup(): void };
 before(() => {
