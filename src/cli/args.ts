@@ -64,9 +64,12 @@ export function positiveInt(p: Parsed, command: string, name: string): number | 
   const v = str(p, name);
   if (v === undefined) return undefined;
   const n = Number(v);
-  if (!Number.isInteger(n) || n <= 0) throw new UsageError(`cairn ${command}: --${name} expects a positive whole number, got "${v}".`);
+  if (!Number.isSafeInteger(n) || n <= 0) throw new UsageError(`cairn ${command}: --${name} expects a positive whole number (at most ${Number.MAX_SAFE_INTEGER}), got "${v}".`);
   return n;
 }
+
+/** The longest duration a flag takes (100 years): past it, arithmetic on times stops being exact. */
+const MAX_DURATION_SECONDS = 100 * 365 * 86_400;
 
 /** A duration like `90`, `90s`, `15m`, `2h` or `1d`, in seconds. */
 export function durationSeconds(command: string, name: string, v: string): number {
@@ -75,6 +78,7 @@ export function durationSeconds(command: string, name: string, v: string): numbe
   const mult = { s: 1, m: 60, h: 3600, d: 86400 }[(m[2] ?? "s") as "s" | "m" | "h" | "d"];
   const seconds = Number(m[1]) * mult;
   if (!(seconds > 0)) throw new UsageError(`cairn ${command}: --${name} must be longer than zero, got "${v}".`);
+  if (!(seconds <= MAX_DURATION_SECONDS)) throw new UsageError(`cairn ${command}: --${name} must be at most 100 years, got "${v}".`);
   return seconds;
 }
 

@@ -25,8 +25,17 @@ export interface Io {
   readonly isTTY?: boolean;
 }
 
+/** `cairn status | head`: the reader went away; stop writing quietly instead of crashing with EPIPE. */
+let stdoutClosed = false;
+process.stdout.on("error", (err: NodeJS.ErrnoException) => {
+  if (err.code === "EPIPE") stdoutClosed = true;
+  else throw err;
+});
+
 const defaultIo: Io = {
-  out: (line) => process.stdout.write(`${line}\n`),
+  out: (line) => {
+    if (!stdoutClosed) process.stdout.write(`${line}\n`);
+  },
   err: (line) => process.stderr.write(`${line}\n`),
   env: process.env,
 };
@@ -46,8 +55,9 @@ usage:
   cairn cluster up|down|status|stop|start [MEMBER] [--dir DIR]          (a local 3-zone etcd)
 
 Run \`cairn COMMAND --help\` for a command's flags. Exit codes: 0 success, 1 the run failed,
-2 bad usage or configuration, 3 fenced (another process owns the database: do not restart here),
-4 storage unavailable.`;
+2 bad usage or configuration (also: a run blocked until its model key or settings are fixed),
+3 fenced (another process owns the database: do not restart here), 4 storage unavailable,
+5 internal error (a bug in Cairn: please report it).`;
 
 /** Runs the command line `argv` (without node and the script) and returns the exit code. */
 export async function main(argv: readonly string[], io: Io = defaultIo): Promise<number> {

@@ -4,22 +4,32 @@
  */
 import { parseLogEvent } from "../state/events.js";
 import { Reducer } from "../state/reducer.js";
-import { checkOutsideObservation, OutsideObservation } from "../harness/observations.js";
-import { parse, required, UsageError } from "./args.js";
+import { checkOutsideObservation, OutsideObservation, payloadProblem } from "../harness/observations.js";
+import { flag, parse, required, UsageError } from "./args.js";
+import type { Storage } from "../storage/contract.js";
 import { START_REQUEST_KIND, startRequestId } from "../harness/start-request.js";
 import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 
-const HELP = `usage: cairn post --db NAME --session ID --id ID --kind KIND --payload JSON
+const HELP = `usage: cairn post --db NAME --session ID --id ID --kind KIND --payload JSON [--wait]
 
 Delivers an outside observation to run ID. --id is your stable id: posting the same id and content
 again is a no-op; the same id with other content is refused. Ids starting with execution:, timer:,
-control: or idle: are reserved. A full inbox asks you to retry later (exit 4).
+control: or idle: are reserved. A full inbox asks you to retry later (exit 4). The payload is at most
+64 KiB of JSON, nested at most 32 levels.
+
+The run's owner moves the message into the run's inbox; it may still refuse it then (the run ended
+meanwhile, or the id was delivered with other content): \`cairn status\` lists such refusals.
+  --wait                  wait until the owner delivered or refused it (exit 0 delivered, 2 refused,
+                          4 when no owner took it within 5 minutes: it stays in the mailbox)
 ${STORAGE_HELP}`;
 
+/** How long \`--wait\` waits for an owner to drain the mailbox. */
+const WAIT_MS = 5 * 60_000;
+
 export async function postCommand(argv: readonly string[], io: Io): Promise<number> {
-  const p = parse("post", argv, { ...STORAGE_FLAGS, session: { type: "string" }, id: { type: "string" }, kind: { type: "string" }, payload: { type: "string" } });
+  const p = parse("post", argv, { ...STORAGE_FLAGS, session: { type: "string" }, id: { type: "string" }, kind: { type: "string" }, payload: { type: "string" }, wait: { type: "boolean" } });
   if (p.values.help) {
     io.out(HELP);
     return EXIT.ok;
@@ -36,6 +46,8 @@ export async function postCommand(argv: readonly string[], io: Io): Promise<numb
     throw new UsageError(`cairn post: --payload is not valid JSON: ${raw.length > 80 ? `${raw.slice(0, 77)}...` : raw}`);
   }
   if (kind === START_REQUEST_KIND) throw new UsageError(`cairn post: --kind ${START_REQUEST_KIND} is reserved for start requests; use \`cairn submit\`.`);
+  const tooBig = payloadProblem(payload);
+  if (tooBig !== null) throw new UsageError(`cairn post: ${tooBig}`);
   const obs = safeParseDeep(() => OutsideObservation.safeParse({ id, kind, payload }));
   if (!obs.success) throw new UsageError(`cairn post: ${obs.error.issues.map((i) => `--${i.path.join(".")}: ${i.message}`).join("; ")}`);
   const choice = await chooseStorage(p, "post", io.env);
@@ -78,9 +90,43 @@ export async function postCommand(argv: readonly string[], io: Io): Promise<numb
     }
     await choice.storage.post(name, { id, session, kind, payload, at: new Date().toISOString() });
     io.out(`posted ${id} to ${session} in "${name}"; its owner delivers it to the run's inbox`);
-    return EXIT.ok;
+    if (!flag(p, "wait")) return EXIT.ok;
+    return await waitForDelivery(choice.storage, name, session, id, r, io);
   } finally {
     await choice.storage.close().catch(() => undefined);
+  }
+}
+
+/** Follows the log until the owner delivered (`inbox_received`) or refused (`post_refused`) the message. */
+async function waitForDelivery(storage: Storage, name: string, session: string, id: string, r: Reducer, io: Io): Promise<number> {
+  const deadline = Date.now() + WAIT_MS;
+  const refusedBefore = r.session(session)?.refused_posts.filter((x) => x.id === id).length ?? 0;
+  for (;;) {
+    const reader = await storage.reader(name);
+    try {
+      for (;;) {
+        const batch = await reader.read(r.headSeq, 5000);
+        if (batch.length === 0) break;
+        r.apply(batch.map((e) => parseLogEvent(e)));
+      }
+    } finally {
+      await reader.close().catch(() => undefined);
+    }
+    const s = r.session(session)!;
+    if (s.observations.has(id)) {
+      io.out(`delivered ${id} to the inbox of ${session}`);
+      return EXIT.ok;
+    }
+    const refused = s.refused_posts.filter((x) => x.id === id);
+    if (refused.length > refusedBefore) {
+      io.err(`cairn: the owner refused ${id}: ${refused[refused.length - 1]!.reason}`);
+      return EXIT.usage;
+    }
+    if (Date.now() >= deadline) {
+      io.err(`cairn: ${id} was not delivered within ${WAIT_MS / 60_000} minutes: no owner drained the mailbox (is \`cairn run\`, \`resume\` or \`serve\` running for "${name}"?); it stays in the mailbox.`);
+      return EXIT.storage;
+    }
+    await new Promise((res) => setTimeout(res, 200));
   }
 }
 

@@ -4,6 +4,7 @@
 import { existsSync, statSync } from "node:fs";
 import { resolve } from "node:path";
 import { Harness, type RunOutcome } from "../harness/harness.js";
+import { RunBlocked } from "../harness/model-retry.js";
 import { createModel } from "../model/providers.js";
 import type { Model } from "../model/contract.js";
 import { createLogger, parseLogLevel, type Logger } from "../observability/logger.js";
@@ -36,11 +37,19 @@ const RUN_FLAGS = {
   "max-wall": { type: "string" },
   "log-level": { type: "string" },
   session: { type: "string" },
+  "model-timeout": { type: "string" },
+  "model-retry-budget": { type: "string" },
+  "max-output-tokens": { type: "string" },
 } as const;
 
 const MODEL_HELP = `  --model SPEC            anthropic/MODEL, openai/MODEL (any OpenAI-compatible server) or
                           scripted:FILE (an offline replay); keys from ANTHROPIC_API_KEY / OPENAI_API_KEY
   --base-url URL          the provider's base URL (or ANTHROPIC_BASE_URL / OPENAI_BASE_URL)
+  --model-timeout DURATION       one model call's time limit (default 5m)
+  --model-retry-budget DURATION  how long to keep retrying a failing provider (429, 5xx, resets,
+                          timeouts; exponential backoff with jitter, Retry-After honoured) before the
+                          run is parked as blocked (default: as long as the run's wall budget allows)
+  --max-output-tokens N   the model reply's token limit (default 8192)
   --json                  print one committed event per line instead of progress
   --log-level LEVEL       fatal|error|warn|info|debug|trace|silent (default warn), on stderr`;
 
@@ -122,7 +131,20 @@ export function makeLogger(p: Parsed, fallback: string): Logger {
 export function makeModel(p: Parsed, command: string, env: NodeJS.ProcessEnv): Model {
   const spec = required(p, command, "model", "anthropic/MODEL, openai/MODEL or scripted:FILE");
   const baseUrl = str(p, "base-url");
-  return createModel(spec, { env, ...(baseUrl !== undefined ? { baseUrl } : {}) });
+  const timeout = str(p, "model-timeout");
+  const maxTokens = positiveInt(p, command, "max-output-tokens");
+  return createModel(spec, {
+    env,
+    ...(baseUrl !== undefined ? { baseUrl } : {}),
+    ...(timeout !== undefined ? { timeoutMs: Math.ceil(durationSeconds(command, "model-timeout", timeout) * 1000) } : {}),
+    ...(maxTokens !== undefined ? { maxTokens } : {}),
+  });
+}
+
+/** Harness limits from flags (`--model-retry-budget`). */
+function modelLimits(p: Parsed, command: string): { modelRetryBudgetMs?: number } {
+  const budget = str(p, "model-retry-budget");
+  return budget === undefined ? {} : { modelRetryBudgetMs: Math.ceil(durationSeconds(command, "model-retry-budget", budget) * 1000) };
 }
 
 interface RunPlan {
@@ -147,6 +169,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
   const name = dbName(p, command);
   const logger = makeLogger(p, "warn");
   const model = makeModel(p, command, io.env);
+  const limits = modelLimits(p, command);
   const faults = chaosFaults(io.env);
   let choice: StorageChoice;
   try {
@@ -224,7 +247,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
     if (lease === null) return interrupted ?? outcome ?? EXIT.ok;
     const held = lease;
     try {
-      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, create: command === "run", logger, submitCwd: plan?.cwd ?? process.cwd(), ...(faults ? { faults } : {}) });
+      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, create: command === "run", logger, limits, submitCwd: plan?.cwd ?? process.cwd(), ...(faults ? { faults } : {}) });
     } catch (err) {
       if (held !== "no-leases") await held.release();
       lease = null;
@@ -259,9 +282,19 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
       }
     }
     if (sessions.length > 0 && session !== undefined && !sessions.includes(session)) sessions.push(session);
+    // Every run is waited for: one that stops on an error (or is blocked) never stops the others.
+    const settled = await Promise.allSettled(sessions.map((s) => harness.wait(s)));
     const outcomes: RunOutcome[] = [];
-    for (const s of sessions) outcomes.push(await harness.wait(s));
+    let stopped: unknown = null;
+    settled.forEach((r, i) => {
+      if (r.status === "fulfilled") outcomes.push(r.value);
+      else {
+        stopped ??= r.reason;
+        if (sessions.length > 1) io.err(`cairn: run ${sessions[i]} stopped: ${r.reason instanceof Error ? r.reason.message.split("\n", 1)[0] : String(r.reason)}`);
+      }
+    });
     for (const o of outcomes) say(`cairn: run ${o.session} ${o.result === "success" ? "succeeded" : "failed"}: ${o.reason}`);
+    if (stopped !== null) throw stopped;
     return outcomes.some((o) => o.result === "failure") ? EXIT.failure : EXIT.ok;
   } catch (err) {
     if (interrupted !== null) return interrupted;
@@ -269,7 +302,8 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
       io.err(`cairn: fenced: another process opened database "${name}"; this one stopped its cells and exits. Do not restart it here unless the other owner is gone.`);
       return EXIT.fenced;
     }
-    if (h !== null && h.status === "open" && !hasCode(err, "reset")) io.err(`cairn: the run is not over; continue it with \`cairn resume --db ${name}\` once the cause below is fixed.`);
+    if (err instanceof RunBlocked) io.err(`cairn: the run is blocked, not over: fix the cause below, then \`cairn resume --db ${name}\` continues it where it was.`);
+    else if (h !== null && h.status === "open" && !hasCode(err, "reset")) io.err(`cairn: the run is not over; continue it with \`cairn resume --db ${name}\` once the cause below is fixed.`);
     throw err;
   } finally {
     process.off("SIGINT", onSignal);

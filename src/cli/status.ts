@@ -95,7 +95,7 @@ function renderStatus(i: Inspection & OwnershipView): string[] {
   for (const p of i.pending_starts) out.push(`pending start: ${p.session} (submitted ${p.submitted_at}): ${p.goal.replace(/\s+/g, " ").slice(0, 120)}`);
   for (const s of i.sessions) {
     out.push("");
-    out.push(`run ${s.id}: ${s.status === "owner_gone" ? "unfinished, owner gone (nobody drives it)" : s.status}${s.result ? ` (${s.result.reason})` : ""}`);
+    out.push(`run ${s.id}: ${s.status === "owner_gone" ? "unfinished, owner gone (nobody drives it)" : s.status}${s.result ? ` (${s.result.reason})` : ""}${s.blocked ? ` (${s.blocked.reason})` : ""}`);
     out.push(`  goal: ${s.goal}`);
     out.push(`  cwd: ${s.cwd}; revision ${s.revision}; ${s.rounds} round(s); tokens ${s.usage.input_tokens} in, ${s.usage.output_tokens} out; ${s.usage.attempts} attempt(s)${s.usage.unknown_usage_attempts ? ` (${s.usage.unknown_usage_attempts} with unknown usage)` : ""}`);
     const exec = new Map(s.executions.map((e) => [e.cell_id, e]));
@@ -107,6 +107,7 @@ function renderStatus(i: Inspection & OwnershipView): string[] {
     }
     for (const u of s.unresolved_unknown) out.push(`  UNRESOLVED UnknownExecution: cell ${u.cell_id} (${u.reason}; worker stopped: ${u.worker_stopped ? "yes" : "not confirmed"})`);
     if (s.inbox.unread) out.push(`  inbox: ${s.inbox.unread} unread`);
+    for (const r of s.refused_posts) out.push(`  post ${r.id} refused (${r.code}): ${r.reason}`);
     for (const t of s.timers.filter((t) => !t.fired)) out.push(`  timer ${t.timer_id} due ${t.due_at}`);
   }
   return out;

@@ -1,6 +1,7 @@
 /**
  * The one place that picks a concrete Storage adapter from flags and the environment.
  */
+import { existsSync, statSync } from "node:fs";
 import { resolve } from "node:path";
 import type { AdapterName, Storage } from "../storage/contract.js";
 import { isValidDatabaseName } from "../storage/semantics.js";
@@ -69,6 +70,7 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
   // Test-only (CAIRN_CHAOS_STORAGE_FAULT, see storage/chaos-fault.ts); undefined in production.
   const faultHook = storageFaultsFromEnv(env);
   const faults = faultHook ? { faults: faultHook } : {};
+  if (existsSync(dataDir) && !statSync(dataDir).isDirectory()) throw new UsageError(`cairn ${command}: --data-dir ${dataDir} is a file, not a directory; name a directory (it is created when missing).`);
   if (kind === "memory") {
     const storage = createMemoryStorage(faults);
     return { storage, adapter: storage.adapter, dataDir, describe: "memory (nothing survives this process)" };

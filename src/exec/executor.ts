@@ -15,7 +15,6 @@
  * next process with `stopSurvivor` (identity.ts), which is what durability requires.
  */
 import { execa } from "execa";
-import { once } from "node:events";
 import { statSync } from "node:fs";
 import { CairnError } from "../errors.js";
 import type { ProcessIdentity } from "../state/projection.js";
@@ -125,6 +124,31 @@ function unlaunchable(detail: string): Prepared {
   };
 }
 
+function spawnGate(argv: readonly string[], where: { cwd: string; env: Record<string, string> }) {
+  return execa("/bin/sh", ["-c", GATE_SCRIPT, "cairn-gate", ...argv], {
+    cwd: where.cwd,
+    env: where.env,
+    extendEnv: false,
+    detached: true,
+    cleanup: false,
+    buffer: false,
+    reject: false,
+    encoding: "buffer",
+    stdin: "pipe",
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+}
+
+/** A spawn failure in words: E2BIG and a NUL byte get a sentence that says what to change. */
+function spawnErrorWords(err: unknown): string {
+  const e = err as NodeJS.ErrnoException;
+  const msg = (err instanceof Error ? err.message : String(err)).slice(0, 300);
+  if (e?.code === "E2BIG") return `the argument list is too long for the kernel (E2BIG: one argument over 128 KiB, or all of them with the environment over ARG_MAX); pass large input through a file`;
+  if (e?.code === "ERR_INVALID_ARG_VALUE" || /null bytes/.test(msg)) return `an argument contains a NUL byte, which no program can receive (${msg})`;
+  return msg;
+}
+
 function describeExit(code: number | null, signal: string | null): string {
   return signal !== null ? `killed by ${signal}` : `exited with code ${code}`;
 }
@@ -173,27 +197,37 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
       flushIntervalMs: spec.flushIntervalMs ?? 100,
       onOutput: spec.onOutput as (chunks: OutputChunk[]) => Promise<void>,
     });
-    const child = execa("/bin/sh", ["-c", GATE_SCRIPT, "cairn-gate", ...resolved.argv], {
-      cwd: spec.cwd,
-      env: { ...cellBaseEnv(process.env), ...resolved.env, ...spec.env },
-      extendEnv: false,
-      detached: true,
-      cleanup: false,
-      buffer: false,
-      reject: false,
-      encoding: "buffer",
-      stdin: "pipe",
-      stdout: "pipe",
-      stderr: "pipe",
+    // An argv the kernel or Node refuses (a NUL byte, an argument over MAX_ARG_STRLEN, a command line
+    // over ARG_MAX) must end as an execution that could not start, never as a launch that hangs: the
+    // spawn may throw synchronously, or emit `error` before anything below listens, so the listener
+    // is attached in the same tick and a synchronous throw is caught.
+    let child: ReturnType<typeof spawnGate>;
+    try {
+      child = spawnGate(resolved.argv, { cwd: spec.cwd, env: { ...cellBaseEnv(process.env), ...resolved.env, ...spec.env } });
+    } catch (err) {
+      return unlaunchable(`the process could not be started: ${spawnErrorWords(err)}`);
+    }
+    // execa reports a failed spawn (E2BIG, ENOMEM...) by settling its promise with `failed` and no
+    // pid, without an `error` event: whichever comes first of `spawn` and that settles the question.
+    const spawnOutcome = new Promise<Error | null>((resolve) => {
+      child.once("spawn", () => resolve(null));
+      child.once("error", (err: Error) => resolve(err));
+      void Promise.resolve(child).then(
+        (r) => {
+          if (child.pid === undefined) resolve(Object.assign(new Error(String((r as { message?: unknown }).message ?? "spawn failed")), { code: (r as { code?: unknown }).code }));
+        },
+        (err: unknown) => {
+          if (child.pid === undefined) resolve(err instanceof Error ? err : new Error(String(err)));
+        },
+      );
     });
-    // The result is read from the ChildProcess events below; this only keeps a rejection from going unhandled.
-    void Promise.resolve(child).catch(() => undefined);
     child.stdin?.on("error", () => undefined);
 
-    try {
-      await Promise.race([once(child, "spawn"), once(child, "error").then(([err]) => Promise.reject(err as Error))]);
-    } catch (err) {
-      return unlaunchable(`could not start /bin/sh for the launch gate: ${(err as Error).message}`);
+    const spawnError = await spawnOutcome;
+    if (spawnError !== null) {
+      child.stdout?.destroy();
+      child.stderr?.destroy();
+      return unlaunchable(`the process could not be started: ${spawnErrorWords(spawnError)}`);
     }
     const pid = child.pid;
     const stat = pid === undefined ? null : readProcStat(pid);

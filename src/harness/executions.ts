@@ -9,6 +9,7 @@ import { finishedEvents, lostWorker, processFinished } from "../state/outcomes.j
 import type { ExecutionRecord } from "../state/projection.js";
 import type { ExecutableCell } from "../state/schema.js";
 import type { SessionContext } from "./session.js";
+import type { LaunchSpec, Prepared } from "./world.js";
 
 /** Output is recorded in events of at most this many UTF-16 units, this many per commit. */
 const OUTPUT_EVENT_CHARS = 16_384;
@@ -87,11 +88,31 @@ export class Executions {
     }
   }
 
+  /**
+   * `executor.prepare`, with a launch that throws (a bug, a script file that cannot be written)
+   * turned into what it is: an execution that could not start, recorded as finished with result
+   * `error` and the reason. It never ran, so it is not uncertain, and the run goes on.
+   */
+  private async prepareOrError(cellId: number, spec: LaunchSpec): Promise<Prepared> {
+    const { core, id } = this.ctx;
+    try {
+      return await core.world.executor.prepare(spec);
+    } catch (err) {
+      if (core.stopping()) throw err;
+      const why = err instanceof Error ? err.message : String(err);
+      core.logger.error({ session: id, cell: cellId, err }, "the launch failed before the cell could start");
+      return {
+        kind: "unlaunchable",
+        outcome: { result: "error", exit_code: null, signal: null, duration_ms: 0, output_bytes: 0, dropped_bytes: 0, detail: `the cell could not be started: ${why.slice(0, 1000)}` },
+      };
+    }
+  }
+
   private async launchOnce(cell: ExecutableCell, ex: ExecutionRecord): Promise<void> {
     const { core, id } = this.ctx;
     const s = this.ctx.session();
     let chunk = ex.output_chunks;
-    const prepared = await core.world.executor.prepare({
+    const prepared = await this.prepareOrError(cell.id, {
       cellId: cell.id,
       cell: cell.kind === "cmd" ? { kind: "cmd", argv: [...cell.argv] } : { kind: "script", source: cell.source },
       cwd: s.cwd,

@@ -43,9 +43,13 @@ export interface SessionSummary {
   readonly goal: string;
   readonly cwd: string;
   readonly created_at: string;
-  /** "running" until the run ends, then "success" or "failure". */
+  /** "running" until the run ends, then "success" or "failure"; "blocked" while it waits for an operator. */
   /** `owner_gone` (set by `cairn status` only): unfinished, and no live worker holds the database. */
-  readonly status: "running" | "owner_gone" | "success" | "failure";
+  readonly status: "running" | "owner_gone" | "blocked" | "success" | "failure";
+  /** Why the run is blocked (fix it, then `cairn resume`), or null. */
+  readonly blocked: { readonly cause: string; readonly reason: string; readonly at: string } | null;
+  /** Posted observations the owner refused (the run had ended, the id conflicted...), with the reason. */
+  readonly refused_posts: readonly { readonly id: string; readonly kind: string; readonly code: string; readonly reason: string; readonly at: string }[];
   readonly result: { readonly result: "success" | "failure"; readonly reason: string; readonly at: string } | null;
   readonly revision: number;
   readonly rounds: number;
@@ -112,7 +116,9 @@ export function summarizeSession(s: SessionProjection): SessionSummary {
     goal: s.goal,
     cwd: s.cwd,
     created_at: s.created_at,
-    status: s.terminal === null ? "running" : s.terminal.result,
+    status: s.terminal !== null ? s.terminal.result : s.blocked !== null ? "blocked" : "running",
+    blocked: s.blocked === null ? null : { cause: s.blocked.cause, reason: s.blocked.reason, at: s.blocked.at },
+    refused_posts: s.refused_posts.map((r) => ({ ...r })),
     result: s.terminal,
     revision: s.state.revision,
     rounds: s.turn_count,

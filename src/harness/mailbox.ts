@@ -9,10 +9,12 @@ import { START_REQUEST_KIND } from "./start-request.js";
 import { StorageRejected } from "../storage/errors.js";
 import { ConfigError } from "../errors.js";
 import type { HarnessCore } from "./core.js";
-import { checkOutsideObservation, OutsideObservation, outsideToObservation } from "./observations.js";
+import { checkOutsideObservation, OutsideObservation, outsideToObservation, payloadProblem } from "./observations.js";
 
 /** Delivers `observation` to `session`'s inbox (see Harness.post for the rules). */
 export async function postObservation(host: HarnessCore, session: string, observation: OutsideObservation): Promise<{ duplicate: boolean }> {
+  const tooBig = payloadProblem((observation as { payload?: unknown } | null)?.payload);
+  if (tooBig !== null) throw new ConfigError(`bad observation: ${tooBig}`);
   let parsed: ReturnType<typeof OutsideObservation.safeParse>;
   try {
     parsed = OutsideObservation.safeParse(observation);
@@ -91,9 +93,11 @@ export class MailboxDelivery {
         continue;
       }
       const s = host.session(m.session);
-      const parsed = OutsideObservation.safeParse({ id: m.id, kind: m.kind, payload: m.payload });
-      if (s === undefined || !parsed.success) {
+      const bad = payloadProblem(m.payload);
+      const parsed = bad === null ? OutsideObservation.safeParse({ id: m.id, kind: m.kind, payload: m.payload }) : null;
+      if (s === undefined || parsed === null || !parsed.success) {
         host.logger.warn({ session: m.session, id: m.id }, "dropped a mailbox message for an unknown session or with a bad shape");
+        if (s !== undefined) await this.refused(m, "invalid", bad ?? "the message is not a valid observation (id, kind and a JSON payload)");
         if (!leftBehind) ackTo = m.mseq;
         continue;
       }
@@ -111,9 +115,21 @@ export class MailboxDelivery {
         await host.commit([event("inbox_received", m.session, identity.inbox(m.session, obs.id), host.nowIso(), { observation: obs })]);
       } else if (!check.ok) {
         host.logger.warn({ session: m.session, id: m.id, reason: check.reason }, `refused a mailbox message: ${check.message}`);
+        await this.refused(m, check.reason === "inbox_full" ? "invalid" : check.reason, check.message);
       }
       if (!leftBehind) ackTo = m.mseq;
     }
     if (ackTo > 0) await this.db.ack(ackTo);
+  }
+
+  /** A message refused at drain time becomes an event the poster sees (`cairn status`, `post --wait`). */
+  private async refused(m: { mseq: number; session: string; id: string; kind: string }, code: "ended" | "conflict" | "forged" | "invalid", reason: string): Promise<void> {
+    const id = typeof m.id === "string" ? m.id.slice(0, 200) : "";
+    const kind = typeof m.kind === "string" ? m.kind.slice(0, 100) : "";
+    try {
+      await this.host.commit([event("post_refused", m.session, identity.postRefused(m.session, m.mseq), this.host.nowIso(), { id, kind, code, reason: reason.slice(0, 2000) })]);
+    } catch (err) {
+      if (!(err instanceof StorageRejected && err.reason === "duplicate_identity")) throw err;
+    }
   }
 }

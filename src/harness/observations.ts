@@ -6,6 +6,7 @@ import { z } from "zod";
 import { canonicalEqual } from "../state/canonical.js";
 import type { SessionProjection } from "../state/projection.js";
 import type { Observation } from "../state/schema.js";
+import { jsonBounds } from "../state/canonical.js";
 import { JsonValue, RESERVED_OBSERVATION_PREFIXES } from "../state/schema.js";
 
 /** What an outside sender provides. `id` is the sender's stable id: redelivery is a no-op. */
@@ -15,6 +16,22 @@ export const OutsideObservation = z.strictObject({
   payload: JsonValue,
 });
 export type OutsideObservation = z.infer<typeof OutsideObservation>;
+
+/** A posted payload is at most this large (UTF-16 units of its JSON text) and this deep. */
+export const MAX_PAYLOAD_SIZE = 64 * 1024;
+export const MAX_PAYLOAD_DEPTH = 32;
+
+/**
+ * Why a posted payload is out of bounds, as one sentence, or null. Non-recursive, so it runs before the
+ * schema (which recurses) ever sees a hostile payload.
+ */
+export function payloadProblem(payload: unknown): string | null {
+  const b = jsonBounds(payload, { maxDepth: MAX_PAYLOAD_DEPTH, maxSize: MAX_PAYLOAD_SIZE });
+  if (b.ok) return null;
+  return b.problem === "depth"
+    ? `the payload is nested more than ${MAX_PAYLOAD_DEPTH} levels deep; flatten it.`
+    : `the payload is larger than ${MAX_PAYLOAD_SIZE} characters of JSON; post a reference (a path or a URL) to large data instead.`;
+}
 
 export type AdmitObservation =
   | { readonly ok: true; readonly duplicate: boolean }

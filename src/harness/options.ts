@@ -17,8 +17,16 @@ export const HarnessLimits = z.strictObject({
   outputFlushMs: z.number().int().positive().default(100),
   /** Attempts per model round (lost responses and rejected patches both count) before the run fails. */
   maxAttemptsPerTurn: z.number().int().positive().default(6),
-  /** First retry delay after a lost or partial response, doubled each time, in ms. */
+  /** First retry delay after a failed model call, doubled each time (full jitter), in ms. */
   retryBaseMs: z.number().int().nonnegative().default(500),
+  /** The longest backoff between two model calls, in ms (a provider's Retry-After may ask for more). */
+  retryMaxMs: z.number().int().nonnegative().default(60_000),
+  /**
+   * How long a run keeps retrying a failing provider (429, 5xx, resets, timeouts) before it is parked
+   * as blocked, in ms. Null (the default): as long as the run's wall budget allows (without one, until
+   * the provider recovers).
+   */
+  modelRetryBudgetMs: z.number().int().positive().nullable().default(null),
   /** Unread observations per session before new ones are refused (the sender retries). */
   inboxLimit: z.number().int().positive().default(256),
   /** Observations delivered to one round at most; the rest wait for the next. */

@@ -4,7 +4,7 @@
  * src/state/next-step.ts decides which attempt comes next). A response committed before a crash is
  * admitted without calling the model again.
  */
-import { admit } from "../state/admission.js";
+import { admit, patchBoundsProblem } from "../state/admission.js";
 import { event, identity } from "../state/events.js";
 import { nextAttempt } from "../state/next-step.js";
 import type { NextStep } from "../state/next-step.js";
@@ -13,6 +13,7 @@ import type { Admission } from "../state/admission.js";
 import { ConfigError, hasCode } from "../errors.js";
 import type { HarnessCore } from "./core.js";
 import type { SessionContext } from "./session.js";
+import { modelFailurePlan, RunBlocked } from "./model-retry.js";
 
 type Usage = { input_tokens: number; output_tokens: number };
 
@@ -76,26 +77,23 @@ async function callModel(
     if (reply === null || typeof reply !== "object") throw new TypeError(`the model returned ${String(reply)} instead of {patch, usage}`);
   } catch (err) {
     if (core.stopping() || ctx.session().terminal !== null) return "stop";
-    // A ModelError says whether to retry; anything else (a provider bug) is retried within the
-    // attempt budget, and recorded like any failed attempt.
-    const me = err as Error & { retryable?: boolean; usage?: Usage | null };
-    const retryable = hasCode(err, "model") ? me.retryable === true : true;
-    const message = err instanceof Error ? err.message : String(err);
-    core.metrics?.modelAttempt("error");
-    await core.commit([
-      event("model_attempt_failed", id, identity.attemptFailed(turn, attempt), core.nowIso(), { turn, attempt, error: message, retryable, usage: hasCode(err, "model") ? (me.usage ?? null) : null }),
-    ]);
-    core.logger.warn({ session: id, turn, attempt, retryable, err: message }, "model attempt failed");
-    if (!retryable) {
-      await ctx.endRun("failure", `the model call failed and cannot be retried: ${message}`);
-      return "stop";
-    }
-    core.metrics?.modelRetry();
-    await core.sleep(core.limits.retryBaseMs * 2 ** (attempt - 1));
-    return "again";
+    return modelFailed(ctx, turn, attempt, err);
   }
+  streaks.delete(ctx);
   core.metrics?.modelAttempt("ok");
   if (reply.usage) core.metrics?.tokens(reply.usage.input_tokens, reply.usage.output_tokens);
+  // Recording is recursive (validation, serialization): a reply too deep or too large for it is
+  // refused first, in bounded work, like any inadmissible patch.
+  const outOfBounds = patchBoundsProblem(reply.patch);
+  if (outOfBounds !== null) {
+    const at = core.nowIso();
+    await core.commit([
+      event("model_response", id, identity.response(turn, attempt), at, { turn, attempt, patch: null, usage: reply.usage ?? null }),
+      event("patch_rejected", id, identity.rejected(turn, attempt), at, { turn, attempt, code: "invalid_patch", reason: outOfBounds }),
+    ]);
+    core.metrics?.patchRejected("invalid_patch");
+    return "again";
+  }
   try {
     await core.commit([event("model_response", id, identity.response(turn, attempt), core.nowIso(), { turn, attempt, patch: toJson(reply.patch), usage: reply.usage ?? null })]);
   } catch (err) {
@@ -114,6 +112,54 @@ async function callModel(
   }
   await core.faults?.("model:response-committed", { session: id, turn });
   return { patch: reply.patch };
+}
+
+/** Consecutive failed calls of a session's driver: when they began (ms) and how many. */
+const streaks = new WeakMap<SessionContext, { since: number; count: number }>();
+
+/**
+ * Records a failed model call and decides what follows (model-retry.ts): retry after a backoff (full
+ * jitter, Retry-After honoured, bounded by the retry budget), park the run as blocked (a refused key,
+ * a wrong model or URL, the budget spent: commits `run_blocked`, then throws RunBlocked), or end the
+ * run (a failure no retry can fix).
+ */
+async function modelFailed(ctx: SessionContext, turn: string, attempt: number, err: unknown): Promise<"again" | "stop"> {
+  const { core, id } = ctx;
+  const now = core.world.clock.now();
+  const streak = streaks.get(ctx) ?? { since: now, count: 0 };
+  streak.count += 1;
+  streaks.set(ctx, streak);
+  const s = ctx.session();
+  const wallLeftMs = s.budgets.max_wall_seconds === undefined ? null : Date.parse(s.created_at) + s.budgets.max_wall_seconds * 1000 - now;
+  const plan = modelFailurePlan(err, { attemptInStreak: streak.count, failingForMs: now - streak.since, limits: core.limits, wallLeftMs, random: Math.random });
+  core.metrics?.modelAttempt("error");
+  const at = core.nowIso();
+  const failed = event("model_attempt_failed", id, identity.attemptFailed(turn, attempt), at, {
+    turn,
+    attempt,
+    error: plan.message,
+    retryable: plan.action === "retry",
+    usage: plan.usage,
+    failure: plan.failure,
+    ...(plan.action === "retry" ? { retry_in_ms: plan.delayMs } : {}),
+  });
+  core.logger.warn({ session: id, turn, attempt, failure: plan.failure, action: plan.action, err: plan.message }, "model attempt failed");
+  if (plan.action === "block") {
+    await core.commit([failed, event("run_blocked", id, identity.blocked(turn, attempt), at, { turn, attempt, cause: plan.cause, reason: plan.reason })]);
+    core.metrics?.runBlocked(plan.cause);
+    streaks.delete(ctx);
+    throw new RunBlocked(plan.cause, plan.reason, err);
+  }
+  await core.commit([failed]);
+  if (plan.action === "end") {
+    await ctx.endRun("failure", `the model call failed and cannot be retried: ${plan.message}`);
+    return "stop";
+  }
+  core.metrics?.modelRetry();
+  const sleep = core.world.clock.sleep;
+  if (sleep !== undefined) await sleep(plan.delayMs);
+  else await core.sleep(plan.delayMs);
+  return "again";
 }
 
 /** Admits a committed response. Returns true when accepted (or the round is over). */

@@ -17,6 +17,7 @@ import type { HarnessCore } from "./core.js";
 import { performControl } from "./controls.js";
 import { Executions } from "./executions.js";
 import { runRound } from "./round.js";
+import { RunBlocked } from "./model-retry.js";
 import { SessionTimers } from "./timers.js";
 
 export { splitText } from "./executions.js";
@@ -41,6 +42,8 @@ export class SessionDriver implements SessionContext {
   private readonly abort = new AbortController();
   private idleWaiters: (() => void)[] = [];
   private lastError: unknown = null;
+  /** False while the run is blocked and nobody resumed it: wake-ups do not call the model again. */
+  private retryBlocked = false;
   private ending: Promise<void> | null = null;
   private readonly executions: Executions;
   private readonly timers: SessionTimers;
@@ -99,6 +102,8 @@ export class SessionDriver implements SessionContext {
 
   /** Records every `started` execution without a result as UnknownExecution (see Executions.recover). */
   recover(): Promise<number> {
+    // A resume is the operator saying the cause is fixed: a blocked run calls the model again.
+    this.retryBlocked = true;
     return this.executions.recover();
   }
 
@@ -139,6 +144,8 @@ export class SessionDriver implements SessionContext {
         this.timers.arm(s, now);
         const step = nextStep({ session: s, limits: this.core.limits, now, busy: this.executions.busy });
         if (step.kind === "ended" || step.kind === "wait") return;
+        // Blocked (a refused key, a wrong model): parked until `resume`; other work still moves.
+        if (step.kind === "round" && s.blocked !== null && !this.retryBlocked) return;
         const name = describe(step);
         if (last !== null && last.step === name && last.seq === s.last_seq) {
           throw new Error(`the driver of session ${this.id} made no progress: step ${name} committed nothing`);
@@ -148,8 +155,10 @@ export class SessionDriver implements SessionContext {
       }
     } catch (err) {
       this.lastError = err;
+      if (err instanceof RunBlocked) this.retryBlocked = false;
       if (!this.core.stopping()) {
-        this.core.logger.error({ session: this.id, err }, "session driver stopped on an error");
+        if (err instanceof RunBlocked) this.core.logger.warn({ session: this.id, cause: err.cause, err: err.message }, "run blocked: waiting for an operator");
+        else this.core.logger.error({ session: this.id, err }, "session driver stopped on an error");
         this.core.failed(this.id, err);
       }
     }

@@ -12,6 +12,8 @@ export type { ExecutionOutcome, LaunchSpec, Prepared };
 export interface Clock {
   /** Milliseconds since the epoch. */
   now(): number;
+  /** Waits `ms` (model-call backoff). Default: a real timer that ends early when the harness stops. */
+  sleep?(ms: number): Promise<unknown>;
 }
 
 /**

@@ -67,11 +67,13 @@ export class ModelError extends CairnError {
   readonly usage: TokenUsage | null;
   readonly kind: ModelErrorKind;
   readonly status: number | null;
+  /** How long the provider asked to wait before the next call (Retry-After), in ms, or null. */
+  readonly retryAfterMs: number | null;
 
   constructor(
     kind: ModelErrorKind,
     message: string,
-    options: { retryable: boolean; usage?: TokenUsage | null; status?: number | null; cause?: unknown },
+    options: { retryable: boolean; usage?: TokenUsage | null; status?: number | null; retryAfterMs?: number | null; cause?: unknown },
   ) {
     super("model", message, { retryable: options.retryable, cause: options.cause });
     this.name = "ModelError";
@@ -79,6 +81,7 @@ export class ModelError extends CairnError {
     this.retryable = options.retryable;
     this.usage = options.usage ?? null;
     this.status = options.status ?? null;
+    this.retryAfterMs = options.retryAfterMs ?? null;
   }
 }
 

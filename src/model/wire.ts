@@ -121,10 +121,34 @@ export function sdkFailure(err: unknown, sdk: SdkErrorClasses, who: string, secr
         return new ModelError("config", `${who} answered HTTP 404: the model name or the base URL is wrong. ${detail}`, { retryable: false, status });
       }
       const retryable = isRetryableStatus(status);
-      return new ModelError("http", `${who} answered HTTP ${status}${retryable ? " (retryable)" : ""}: ${detail}`, { retryable, status });
+      const retryAfterMs = retryAfter((err as { headers?: unknown }).headers, Date.now());
+      const wait = retryAfterMs === null ? "" : `, Retry-After ${Math.ceil(retryAfterMs / 1000)} s`;
+      return new ModelError("http", `${who} answered HTTP ${status}${retryable ? ` (retryable${wait})` : ""}: ${detail}`, { retryable, status, retryAfterMs });
     }
   }
   return new ModelError("transport", `${who}: the call failed before a complete response arrived (${detail})`, { retryable: true });
+}
+
+/**
+ * The delay a response's `retry-after-ms` or `retry-after` header asks for (seconds or an HTTP date),
+ * in ms, capped at one hour; null when there is none or it cannot be read. Accepts a fetch `Headers`
+ * or a plain record.
+ */
+export function retryAfter(headers: unknown, nowMs: number): number | null {
+  const get = (name: string): string | null => {
+    if (headers === null || headers === undefined) return null;
+    if (typeof (headers as { get?: unknown }).get === "function") return (headers as { get(n: string): string | null }).get(name);
+    const v = (headers as Record<string, unknown>)[name];
+    return typeof v === "string" ? v : null;
+  };
+  const cap = (ms: number) => Math.min(Math.max(0, Math.round(ms)), 3_600_000);
+  const ms = get("retry-after-ms");
+  if (ms !== null && /^\s*\d+(\.\d+)?\s*$/.test(ms)) return cap(Number(ms));
+  const v = get("retry-after");
+  if (v === null) return null;
+  if (/^\s*\d+(\.\d+)?\s*$/.test(v)) return cap(Number(v) * 1000);
+  const date = Date.parse(v);
+  return Number.isNaN(date) ? null : cap(date - nowMs);
 }
 
 /** "fetch failed: other side closed": the messages of an error's `cause` chain (a few levels). */

@@ -14,8 +14,10 @@ export function reportGauges(m: Metrics, projection: Projection, stats: Database
   let inbox = 0;
   let timers = 0;
   let active = 0;
+  let blocked = 0;
   for (const s of projection.sessions.values()) {
     if (s.terminal === null) active++;
+    if (s.blocked !== null) blocked++;
     inbox += s.pending.length;
     for (const t of s.timers.values()) if (!t.fired) timers++;
     for (const e of s.executions.values()) {
@@ -29,5 +31,6 @@ export function reportGauges(m: Metrics, projection: Projection, stats: Database
   m.setInbox(inbox);
   m.setTimersPending(timers);
   m.setRunsActive(active);
+  m.setRunsBlocked(blocked);
   m.storageStats(stats);
 }

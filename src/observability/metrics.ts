@@ -129,6 +129,8 @@ export class Metrics {
   private readonly runsStarted: Counter;
   private readonly runsEnded: Counter<"result">;
   private readonly runsActive: Gauge;
+  private readonly runsBlocked: Gauge;
+  private readonly runBlocks: Counter;
   private readonly progress: Gauge;
 
   /**
@@ -202,6 +204,8 @@ export class Metrics {
     this.runsStarted = new Counter({ name: "cairn_runs_started_total", help: "Runs started.", registers });
     this.runsEnded = new Counter({ name: "cairn_runs_ended_total", help: "Runs ended, by conclusion result.", labelNames: ["result"], registers });
     this.runsActive = new Gauge({ name: "cairn_runs_active", help: "Runs started and not yet ended.", registers });
+    this.runsBlocked = new Gauge({ name: "cairn_runs_blocked", help: "Runs parked until an operator fixes the model's credentials or configuration (then `cairn resume`).", registers });
+    this.runBlocks = new Counter({ name: "cairn_run_blocks_total", help: "Runs parked as blocked, by cause (auth, config, retry_budget).", labelNames: ["cause"], registers });
     this.progress = new Gauge({ name: "cairn_last_progress_timestamp_seconds", help: "Unix time of the last committed progress (used by the run-stuck alert).", registers });
 
     // Start bounded label sets at 0, so increase()/rate() see the first event.
@@ -364,6 +368,16 @@ export class Metrics {
   /** Runs currently active in this process. */
   setRunsActive(n: number): void {
     if (ok(n)) this.runsActive.set(n);
+  }
+
+  /** Runs currently blocked (waiting for an operator). */
+  setRunsBlocked(n: number): void {
+    if (ok(n)) this.runsBlocked.set(n);
+  }
+
+  /** A run was parked as blocked. */
+  runBlocked(cause: "auth" | "config" | "retry_budget"): void {
+    this.runBlocks.inc({ cause });
   }
 
   /** Unix time (seconds) of the last committed progress of any run; feeds the run-stuck alert. */

@@ -12,7 +12,7 @@
  */
 import jsonpatch from "fast-json-patch";
 import { z } from "zod";
-import { ARRAY_INDEX, canonicalEqual, describeJson, isJsonValue, jsonClone, parsePointer, resolvePointer } from "./canonical.js";
+import { ARRAY_INDEX, boundText, canonicalEqual, describeJson, isJsonValue, jsonBounds, jsonClone, MAX_JSON_DEPTH, parsePointer, resolvePointer } from "./canonical.js";
 import { parsePep723 } from "./pep723.js";
 import type { ExecutionRecord } from "./projection.js";
 import { isUnresolvedUnknown, queuedExecution, runtimeCellsView } from "./projection.js";
@@ -125,6 +125,10 @@ function refuse(code: RejectionCode, reason: string): never {
  * accepted round naming a cell that `cellsEver` lacks).
  */
 export function admit(ctx: AdmissionContext, patch: unknown, round: string): Admission {
+  // Before anything recursive looks at it: a reply nested thousands of levels deep, or one so large
+  // that checking it would take long, is refused here, in bounded work.
+  const bounds = patchBoundsProblem(patch);
+  if (bounds !== null) return { ok: false, code: "invalid_patch", reason: bounds };
   const prior = ctx.accepted.get(round);
   if (prior !== undefined) return replay(ctx, prior, patch, round);
   try {
@@ -139,9 +143,31 @@ export function admit(ctx: AdmissionContext, patch: unknown, round: string): Adm
       receipt: { round, revision: applied.state.revision, state: applied.state, newCells: applied.newCells, removedIds: applied.removedIds, consumed, replay: false },
     };
   } catch (err) {
-    if (err instanceof Refusal) return { ok: false, code: err.code, reason: err.reason };
+    if (err instanceof Refusal) return { ok: false, code: err.code, reason: boundText(err.reason, MAX_REASON_CHARS) };
     throw err;
   }
+}
+
+/** A refusal reason is at most this long: it is committed to the log and shown to the model. */
+export const MAX_REASON_CHARS = 2000;
+
+/**
+ * The largest patch admission looks at, in UTF-16 units of its JSON text (about 4 MiB; the storage
+ * refuses far smaller commits anyway), and the deepest nesting (the same bound `isJsonValue` applies).
+ */
+export const MAX_PATCH_JSON_SIZE = 4 * 1024 * 1024;
+
+/**
+ * Why a patch is out of bounds (too deep or too large to examine), in words for the model, or null.
+ * Non-recursive: safe on any value, in work bounded by the limits. The harness calls it before it
+ * records a model's reply, since recording (validation, serialization) is recursive.
+ */
+export function patchBoundsProblem(patch: unknown): string | null {
+  const b = jsonBounds(patch, { maxDepth: MAX_JSON_DEPTH, maxSize: MAX_PATCH_JSON_SIZE });
+  if (b.ok) return null;
+  return b.problem === "depth"
+    ? `the patch is nested more than ${MAX_JSON_DEPTH} levels deep; a patch is a flat array of operations whose values are cells: send plain cells`
+    : `the patch is larger than ${MAX_PATCH_JSON_SIZE} characters of JSON; keep each step well under 512 KiB, e.g. split a large script or write big files from several cells`;
 }
 
 function replay(ctx: AdmissionContext, prior: NonNullable<ReturnType<AdmissionContext["accepted"]["get"]>>, patch: unknown, round: string): Admission {
@@ -205,10 +231,10 @@ function checkPathSafety(path: string, k: number): void {
   const segments = parsePointer(path);
   // An unescaped segment may hold "/" (from "~1"): a later consumer that re-splits it must not find one either.
   for (const seg of [...rawSegments, ...(segments ?? []).flatMap((s) => [s, ...s.split("/")])]) {
-    if (FORBIDDEN_SEGMENTS.has(seg)) refuse("forbidden_path", `op ${k} path ${JSON.stringify(path)} contains the segment "${seg}", which is never allowed in a path; ${PATCHABLE}`);
+    if (FORBIDDEN_SEGMENTS.has(seg)) refuse("forbidden_path", `op ${k} path ${describeJson(path, 200)} contains the segment "${seg}", which is never allowed in a path; ${PATCHABLE}`);
   }
   if (segments === null) {
-    refuse("invalid_patch", `op ${k} path ${JSON.stringify(path)} is not a JSON pointer: it must start with "/" and write "~" as "~0" and "/" inside a segment as "~1"`);
+    refuse("invalid_patch", `op ${k} path ${describeJson(path, 200)} is not a JSON pointer: it must start with "/" and write "~" as "~0" and "/" inside a segment as "~1"`);
   }
 }
 
@@ -357,6 +383,7 @@ function newCell(w: WalkState, value: unknown, k: number, old: Cell | null, path
       );
     }
   }
+  if (cell.kind === "cmd") checkArgv(cell.argv, k, cell.id);
   if (cell.kind === "script") {
     const meta = parsePep723(cell.source);
     if (!meta.ok) refuse("pep723", `op ${k} script cell ${cell.id}: ${meta.reason}`);
@@ -371,6 +398,32 @@ function newCell(w: WalkState, value: unknown, k: number, old: Cell | null, path
   w.created.set(cell.id, cell);
   w.nextId += 1;
   return cell;
+}
+
+/**
+ * Linux limits on what `execve` takes (MAX_ARG_STRLEN: 32 pages, 128 KiB per string with its NUL) and
+ * a total well under ARG_MAX (usually 2 MiB, shared with the environment). An argv past them could
+ * never start, so it is refused here, where the model can still fix it.
+ */
+export const MAX_ARG_BYTES = 128 * 1024 - 1;
+export const MAX_ARGV_TOTAL_BYTES = 1024 * 1024;
+
+function checkArgv(argv: readonly string[], k: number, id: number): void {
+  let total = 0;
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (a.includes("\0")) {
+      refuse("invalid_cell", `op ${k} cmd cell ${id}: argv[${i}] contains a NUL character (\\u0000), which no program can receive as an argument; remove it (to pass binary data, write it to a file from a script cell)`);
+    }
+    const bytes = Buffer.byteLength(a, "utf8");
+    if (bytes > MAX_ARG_BYTES) {
+      refuse("invalid_cell", `op ${k} cmd cell ${id}: argv[${i}] is ${bytes} bytes in UTF-8, over the kernel's limit of ${MAX_ARG_BYTES} bytes per argument; write large input to a file from a script cell and pass its path`);
+    }
+    total += bytes + 1;
+  }
+  if (total > MAX_ARGV_TOTAL_BYTES) {
+    refuse("invalid_cell", `op ${k} cmd cell ${id}: the argv totals ${total} bytes in UTF-8, over the ${MAX_ARGV_TOTAL_BYTES} bytes a command line may take here; write large input to a file from a script cell and pass its path`);
+  }
 }
 
 function busyPhase(w: WalkState, cell: Cell): "queued" | "started" | null {

@@ -143,3 +143,56 @@ export function resolvePointer(doc: unknown, segments: readonly string[]): { fou
   }
   return { found: true, value: cur };
 }
+
+/** What {@link jsonBounds} found: the value's nesting depth and size, or the first bound it broke. */
+export type JsonBounds = { readonly ok: true; readonly depth: number; readonly size: number } | { readonly ok: false; readonly problem: "depth" | "size"; readonly limit: number };
+
+/**
+ * Measures a value's nesting depth and approximate JSON size (UTF-16 units of its JSON text, escapes
+ * not counted) WITHOUT recursion, stopping as soon as either exceeds its limit. Anything recursive
+ * (schema validation, `JSON.stringify`, canonical comparison) can overflow the stack on a value nested
+ * thousands of levels deep, so hostile input passes through this first. Never throws (a cycle ends as
+ * a `depth` problem); work is bounded by `maxSize` and `maxDepth`, not by the input.
+ */
+export function jsonBounds(value: unknown, limits: { maxDepth: number; maxSize: number }): JsonBounds {
+  const stack: [unknown, number][] = [[value, 0]];
+  let size = 0;
+  let deepest = 0;
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!;
+    if (v !== null && typeof v === "object") {
+      if (depth >= limits.maxDepth) return { ok: false, problem: "depth", limit: limits.maxDepth };
+      deepest = Math.max(deepest, depth + 1);
+      size += 2;
+      if (Array.isArray(v)) {
+        size += v.length;
+        if (size > limits.maxSize) return { ok: false, problem: "size", limit: limits.maxSize };
+        for (let i = v.length - 1; i >= 0; i--) stack.push([v[i], depth + 1]);
+      } else {
+        for (const k of Object.keys(v)) {
+          size += k.length + 4;
+          if (size > limits.maxSize) return { ok: false, problem: "size", limit: limits.maxSize };
+          stack.push([(v as Record<string, unknown>)[k], depth + 1]);
+        }
+      }
+    } else if (typeof v === "string") {
+      size += v.length + 2;
+    } else {
+      size += v === undefined ? 4 : String(v).length;
+    }
+    if (size > limits.maxSize) return { ok: false, problem: "size", limit: limits.maxSize };
+  }
+  return { ok: true, depth: deepest, size };
+}
+
+/**
+ * Cuts `text` to at most `max` UTF-16 units (never inside a surrogate pair), saying how much was cut.
+ * Messages that quote their input (a refusal naming the path it refused) stay bounded this way.
+ */
+export function boundText(text: string, max: number): string {
+  if (text.length <= max) return text;
+  let end = Math.max(0, max - 40);
+  const c = text.charCodeAt(end - 1);
+  if (c >= 0xd800 && c <= 0xdbff) end -= 1;
+  return `${text.slice(0, end)}… [${text.length - end} characters cut]`;
+}

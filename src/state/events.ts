@@ -52,6 +52,31 @@ export const EventBodies = {
     error: z.string(),
     retryable: z.boolean(),
     usage: TokenUsage.nullable(),
+    /**
+     * The failure's class (ModelError kind: transport, http, auth, config, no_tool_call, ...) when
+     * known. Transport and HTTP failures do not count toward a round's admissible-patch limit.
+     */
+    failure: z.string().max(40).optional(),
+    /** The delay before the next attempt, in ms, when one was scheduled (backoff or Retry-After). */
+    retry_in_ms: z.number().int().nonnegative().optional(),
+  }),
+  /**
+   * The run is parked: the model cannot be called until an operator fixes something (a refused key,
+   * a wrong model name or URL, a provider that kept failing past the retry budget). Not an end:
+   * `cairn resume` after the fix continues the round where it was.
+   */
+  run_blocked: z.strictObject({
+    turn: TurnId,
+    attempt: z.number().int().positive(),
+    cause: z.enum(["auth", "config", "retry_budget"]),
+    reason: z.string().max(4000),
+  }),
+  /** An outside observation the owner refused when it drained the mailbox; the poster sees why. */
+  post_refused: z.strictObject({
+    id: z.string().max(200),
+    kind: z.string().max(100),
+    code: z.enum(["ended", "conflict", "forged", "invalid"]),
+    reason: z.string().max(2000),
   }),
   /** A complete response, committed before it is admitted. */
   model_response: z.strictObject({
@@ -211,6 +236,8 @@ export const identity = {
   validator: (s: string, note: number, index: number) => `validator:${s}:${note}:${index}`,
   terminal: (s: string) => `terminal:${s}`,
   owner: (s: string, epoch: number) => `owner:${s}:${epoch}`,
+  blocked: (turn: string, attempt: number) => `blocked:${turn}:${attempt}`,
+  postRefused: (s: string, mseq: number) => `post_refused:${s}:${mseq}`,
 } as const;
 
 /** The turn id of round `n` of session `s`. */

@@ -207,7 +207,9 @@ export function nextAttempt(s: SessionProjection, t: TurnRecord, limits: StepLim
   if (s.terminal !== null || t.accepted !== null) return { kind: "done" };
   if (t.response !== null) return { kind: "admit", attempt: t.response.attempt, patch: t.response.patch };
   const attempt = t.attempts + 1;
-  if (attempt > limits.maxAttemptsPerTurn) {
+  // Refused patches and unusable answers count toward the limit; transport failures do not (the
+  // retry budget bounds those, and a spent budget parks the run instead of ending it).
+  if (t.rejections.length + t.model_failures >= limits.maxAttemptsPerTurn) {
     return { kind: "give_up", reason: `the model gave no admissible patch in ${limits.maxAttemptsPerTurn} attempts for round ${t.turn}` };
   }
   const last = t.rejections[t.rejections.length - 1];

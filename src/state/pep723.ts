@@ -35,30 +35,35 @@ function isContentLine(line: string): boolean {
  * source has none, `{ok: true, block}` for one valid block, and `{ok: false, reason}` (a sentence
  * naming the line and the problem) for two blocks, an unclosed block, TOML that does not parse,
  * `dependencies` that is not an array of strings, or `requires-python` that is not a valid specifier.
- * CRLF line endings are accepted. Never throws.
+ * CRLF line endings are accepted. Never throws. Linear in the length of `source`; `stats.lineVisits`
+ * (optional) counts the lines the scan looked at, so tests can check that bound without a clock.
  */
-export function parsePep723(source: string): Pep723Result {
+export function parsePep723(source: string, stats?: { lineVisits: number }): Pep723Result {
   const lines = source.replace(/\r\n/g, "\n").split("\n");
   // The PEP's regex needs a line break after the opening line and after each content line; the last
   // line of the file has none unless the source ends with "\n" (then split yields a final "").
   const last = lines.length - 1;
+  // One backward pass: for each content line, the last "# ///" line of the run of content lines that
+  // starts there (-1: none). Each opening line then finds its block in O(1), so the whole parse is
+  // linear in the number of lines (a rescan per opening line was quadratic on hostile input).
+  const closeFrom = new Int32Array(lines.length + 1).fill(-1);
+  for (let j = last; j >= 0; j--) {
+    if (stats) stats.lineVisits++;
+    if (!isContentLine(lines[j]!)) continue;
+    const later = j < last ? closeFrom[j + 1]! : -1;
+    closeFrom[j] = later !== -1 ? later : lines[j] === CLOSE ? j : -1;
+  }
   const blocks: { open: number; close: number }[] = [];
   let i = 0;
   while (i < lines.length) {
+    if (stats) stats.lineVisits++;
     const m = OPEN.exec(lines[i]!);
     if (m === null || i === last) {
       if (m !== null && m[1] === "script") return { ok: false, reason: unclosed(i) };
       i += 1;
       continue;
     }
-    let close = -1;
-    let j = i + 1;
-    while (j < lines.length && isContentLine(lines[j]!)) {
-      if (lines[j] === CLOSE) close = j;
-      // A content line must be followed by a line break to count (the regex's `$\s`).
-      if (j === last) break;
-      j += 1;
-    }
+    const close = closeFrom[i + 1]!;
     if (close === -1) {
       if (m[1] === "script") return { ok: false, reason: unclosed(i) };
       i += 1;

@@ -55,6 +55,8 @@ export interface TurnRecord {
   /** The complete response committed for this turn and not yet admitted or rejected, if any. */
   readonly response: { readonly attempt: number; readonly patch: unknown } | null;
   readonly rejections: readonly { readonly attempt: number; readonly code: string; readonly reason: string; readonly patch: unknown }[];
+  /** Failed attempts that count toward the admissible-patch limit (the model answered unusably, not a transport failure). */
+  readonly model_failures: number;
   /** Set once a patch was accepted for this turn. */
   readonly accepted: {
     readonly attempt: number;
@@ -122,6 +124,10 @@ export interface SessionProjection {
   readonly idle_streak: number;
   readonly idle_total: number;
   readonly terminal: { readonly result: "success" | "failure"; readonly reason: string; readonly at: string } | null;
+  /** Set while the run is parked waiting for an operator (cleared by the next model attempt or the end). */
+  readonly blocked: { readonly cause: "auth" | "config" | "retry_budget"; readonly reason: string; readonly at: string; readonly turn: string } | null;
+  /** Outside observations refused at drain time, oldest first (the last 100). */
+  readonly refused_posts: readonly { readonly id: string; readonly kind: string; readonly code: string; readonly reason: string; readonly at: string }[];
   readonly last_seq: number;
 }
 

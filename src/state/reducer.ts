@@ -15,7 +15,8 @@ import { initialState } from "./schema.js";
 
 type Mutable<T> = { -readonly [K in keyof T]: T[K] };
 
-interface SessionWork extends Mutable<Omit<SessionProjection, "cells" | "executions" | "observations" | "consumed" | "turns" | "timers" | "controls" | "validators_run" | "pending" | "delivered">> {
+interface SessionWork extends Mutable<Omit<SessionProjection, "cells" | "executions" | "observations" | "consumed" | "turns" | "timers" | "controls" | "validators_run" | "pending" | "delivered" | "refused_posts">> {
+  refused_posts: SessionProjection["refused_posts"][number][];
   cells: Map<number, Cell>;
   executions: Map<number, ExecutionRecord>;
   observations: Map<string, Observation>;
@@ -37,6 +38,9 @@ export class LogCorrupt extends Error {
   }
 }
 
+
+/** Failure classes that say nothing about the model's answer: they do not count toward the admissible-patch limit. */
+const TRANSPORT_FAILURES: ReadonlySet<string> = new Set(["transport", "http", "auth", "config"]);
 
 /** Folds events incrementally. `apply` events in seq order; `projection()` reads the result. */
 export class Reducer {
@@ -95,7 +99,7 @@ export class Reducer {
         const deliveredSet = new Set(b.delivered);
         s.pending = s.pending.filter((id) => !deliveredSet.has(id));
         s.delivered = [...s.delivered, ...b.delivered.filter((id) => !s.delivered.includes(id))];
-        s.turns.set(b.turn, { turn: b.turn, n: b.n, revision: b.revision, delivered: b.delivered, attempts: 0, open_attempt: null, response: null, rejections: [], accepted: null });
+        s.turns.set(b.turn, { turn: b.turn, n: b.n, revision: b.revision, delivered: b.delivered, attempts: 0, open_attempt: null, response: null, rejections: [], model_failures: 0, accepted: null });
         s.open_turn = b.turn;
         s.turn_count = Math.max(s.turn_count, b.n);
         s.state = withRuntime(s.state, {
@@ -107,6 +111,7 @@ export class Reducer {
       case "model_attempt": {
         const t = turnOf(s, e.body.turn, e);
         s.turns.set(t.turn, { ...t, attempts: Math.max(t.attempts, e.body.attempt), open_attempt: e.body.attempt });
+        s.blocked = null;
         const u = s.state.runtime.usage;
         s.state = withRuntime(s.state, { usage: { ...u, attempts: u.attempts + 1, unknown_usage_attempts: u.unknown_usage_attempts + 1 } });
         return;
@@ -115,7 +120,8 @@ export class Reducer {
       case "model_response": {
         const t = turnOf(s, e.body.turn, e);
         const response = e.kind === "model_response" ? { attempt: e.body.attempt, patch: e.body.patch } : t.response;
-        s.turns.set(t.turn, { ...t, open_attempt: null, response });
+        const counts = e.kind === "model_attempt_failed" && !TRANSPORT_FAILURES.has(e.body.failure ?? "");
+        s.turns.set(t.turn, { ...t, open_attempt: null, response, model_failures: t.model_failures + (counts ? 1 : 0) });
         const usage = e.body.usage;
         if (usage !== null) {
           const u = s.state.runtime.usage;
@@ -232,6 +238,17 @@ export class Reducer {
         return;
       case "run_ended": {
         s.terminal = { result: e.body.result, reason: e.body.reason, at: e.at };
+        s.blocked = null;
+        return;
+      }
+      case "run_blocked": {
+        turnOf(s, e.body.turn, e);
+        s.blocked = { cause: e.body.cause, reason: e.body.reason, at: e.at, turn: e.body.turn };
+        return;
+      }
+      case "post_refused": {
+        s.refused_posts.push({ id: e.body.id, kind: e.body.kind, code: e.body.code, reason: e.body.reason, at: e.at });
+        if (s.refused_posts.length > 100) s.refused_posts.shift();
         return;
       }
       default: {
@@ -273,6 +290,8 @@ function newSession(id: string, at: string, body: LogEvent<"session_created">["b
     idle_streak: 0,
     idle_total: 0,
     terminal: null,
+    blocked: null,
+    refused_posts: [],
     last_seq: seq,
   };
 }

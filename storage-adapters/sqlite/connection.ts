@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS mailbox (
 );
 INSERT OR IGNORE INTO owner (id, epoch) VALUES (1, 0);
 INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '${SCHEMA_VERSION}');
+INSERT OR IGNORE INTO meta (key, value) VALUES ('format', 'cairn');
 `;
 
 /** The database cannot be used as the adapter promises (no WAL, no FULL sync, failed check): not retryable. */

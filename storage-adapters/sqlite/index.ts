@@ -21,7 +21,8 @@ import {
 import { DatabaseNotFound } from "../../src/storage/errors.js";
 import { closedHandle } from "../../src/storage/handle.js";
 import { checkDatabaseName, isValidDatabaseName, mailboxFull, messageConflict, prepareMessage, sameMessage } from "../../src/storage/semantics.js";
-import { claimOwnership, openReadOnly, openWritable, type Connection } from "./connection.js";
+import { claimOwnership, openReadOnly, openWritable, SCHEMA_VERSION, type Connection } from "./connection.js";
+import { assertCairnFile } from "./format.js";
 import { SqliteDatabase, Statements } from "./database.js";
 import { mapSqliteError, sqliteCode } from "./errors.js";
 import { sqliteLeases } from "./lease.js";
@@ -66,6 +67,7 @@ export function createSqliteStorage(options: SqliteStorageOptions): Storage {
   const existing = (name: string): string => {
     const path = pathOf(name);
     if (!isValidDatabaseName(name) || !existsSync(path)) throw new DatabaseNotFound(name);
+    assertCairnFile(path, SCHEMA_VERSION);
     return path;
   };
 
@@ -77,6 +79,8 @@ export function createSqliteStorage(options: SqliteStorageOptions): Storage {
       checkDatabaseName(name);
       const path = pathOf(name);
       if (openOptions.create === false && !existsSync(path)) throw new DatabaseNotFound(name);
+      // Before anything writes to it (WAL, tables): an existing file must be a Cairn database.
+      assertCairnFile(path, SCHEMA_VERSION);
       let conn: Connection | undefined;
       try {
         mkdirSync(dataDir, { recursive: true });

@@ -71,6 +71,8 @@ const cases: Case[] = [
   { method: "runStarted", call: (m) => m.runStarted(), series: "cairn_runs_started_total", expected: 1 },
   { method: "runEnded", call: (m) => m.runEnded("failure"), series: "cairn_runs_ended_total", labels: { result: "failure" }, expected: 1 },
   { method: "setRunsActive", call: (m) => m.setRunsActive(2), series: "cairn_runs_active", expected: 2 },
+  { method: "setRunsBlocked", call: (m) => m.setRunsBlocked(1), series: "cairn_runs_blocked", expected: 1 },
+  { method: "runBlocked", call: (m) => m.runBlocked("auth"), series: "cairn_run_blocks_total", labels: { cause: "auth" }, expected: 1 },
   { method: "lastProgress", call: (m) => m.lastProgress(1_700_000_000), series: "cairn_last_progress_timestamp_seconds", expected: 1_700_000_000 },
 ];
 

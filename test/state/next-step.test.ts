@@ -110,7 +110,7 @@ function projectionOf(spec: Spec): { s: SessionProjection; now: number } {
   for (let n = 1; n <= spec.turnCount; n++) {
     const turn = turnId(S, n);
     const open = turn === openTurn;
-    turns.set(turn, { turn, n, revision: n, delivered: [], attempts: 0, open_attempt: null, response: null, rejections: [], accepted: open ? null : { attempt: 1, patch: [], revision: n, seq: n, new_cell_ids: [], removed_ids: [], consumed: [] } });
+    turns.set(turn, { turn, n, revision: n, delivered: [], attempts: 0, open_attempt: null, response: null, rejections: [], model_failures: 0, accepted: open ? null : { attempt: 1, patch: [], revision: n, seq: n, new_cell_ids: [], removed_ids: [], consumed: [] } });
   }
   const base = initialState(S, "goal");
   const half = Math.floor(spec.usage / 2);
@@ -137,6 +137,8 @@ function projectionOf(spec: Spec): { s: SessionProjection; now: number } {
     idle_streak: 0,
     idle_total: 0,
     terminal: spec.terminal ? { result: "failure", reason: "x", at: new Date(CREATED).toISOString() } : null,
+    blocked: null,
+    refused_posts: [],
     last_seq: 100,
   };
   return { s, now };
@@ -365,22 +367,24 @@ test("a simulated run dispatches in queue order and pauses after every error unt
   );
 });
 
-test("nextAttempt: a committed response is admitted without a call; attempts stop at the limit; the last rejection is passed on", () => {
+test("nextAttempt: a committed response is admitted without a call; refused patches and unusable answers (not transport failures) stop at the limit; the last rejection is passed on", () => {
   const limits = { maxAttemptsPerTurn: 3, deliverPerRound: 8 };
   fc.assert(
-    fc.property(fc.nat(5), fc.boolean(), fc.nat(3), fc.boolean(), (attempts, hasResponse, rejections, accepted) => {
+    fc.property(fc.nat(5), fc.boolean(), fc.nat(3), fc.boolean(), fc.nat(3), (transport, hasResponse, rejections, accepted, modelFailures) => {
+      const attempts = rejections + modelFailures + transport;
       const { s } = projectionOf({ ...emptySpec(), turnCount: 1, openTurn: true });
       const t: TurnRecord = {
         ...s.turns.get(turnId(S, 1))!,
         attempts,
         response: hasResponse ? { attempt: attempts, patch: ["p"] } : null,
         rejections: Array.from({ length: rejections }, (_, i) => ({ attempt: i + 1, code: `c${i}`, reason: `r${i}`, patch: null })),
+        model_failures: modelFailures,
         accepted: accepted ? { attempt: 1, patch: [], revision: 1, seq: 1, new_cell_ids: [], removed_ids: [], consumed: [] } : null,
       };
       const a = nextAttempt(s, t, limits);
       if (accepted) return assert.equal(a.kind, "done");
       if (hasResponse) return assert.deepEqual(a, { kind: "admit", attempt: attempts, patch: ["p"] });
-      if (attempts + 1 > limits.maxAttemptsPerTurn) return assert.equal(a.kind, "give_up");
+      if (rejections + modelFailures >= limits.maxAttemptsPerTurn) return assert.equal(a.kind, "give_up");
       assert.equal(a.kind, "call");
       if (a.kind !== "call") return;
       assert.equal(a.attempt, attempts + 1);

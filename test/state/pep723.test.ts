@@ -117,3 +117,39 @@ describe("satisfiesRequiresPython", () => {
     );
   });
 });
+
+describe("parsePep723: linear on hostile input (issue 10)", () => {
+  // Counted, never timed: the number of lines the scan looks at must grow linearly with the input.
+  const visits = (src: string) => {
+    const stats = { lineVisits: 0 };
+    parsePep723(src, stats);
+    return stats.lineVisits;
+  };
+  const adversarial = [
+    (n: number) => Array.from({ length: n }, () => "# /// a").join("\n") + "\n",
+    (n: number) => Array.from({ length: n }, (_, i) => (i % 2 === 0 ? "# /// x" : "# ///x")).join("\n") + "\n",
+    (n: number) => "# /// script\n" + Array.from({ length: n }, () => "# /// b").join("\n") + "\n# ///\n",
+  ];
+  test("block-opener lines up to the script size limit are scanned a bounded number of times each", () => {
+    for (const make of adversarial) {
+      const src = make(Math.floor(262_144 / 8));
+      assert.ok(src.length <= 262_144 + 32);
+      const lines = src.split("\n").length;
+      const v = visits(src);
+      assert.ok(v <= 3 * lines, `${v} line visits for ${lines} lines: the scan is not linear`);
+    }
+  });
+  test("doubling the input at most doubles the work", () => {
+    for (const make of adversarial) {
+      const a = visits(make(4000));
+      const b = visits(make(8000));
+      assert.ok(b <= 2.1 * a, `work went from ${a} to ${b} when the input doubled`);
+    }
+  });
+  test("the linear scan finds the same blocks", () => {
+    assert.equal(parsePep723(adversarial[0]!(100)).ok, true);
+    const r = parsePep723(adversarial[2]!(50));
+    assert.equal(r.ok, false); // the content is not TOML
+    assert.deepEqual(parsePep723("# /// script\n# /// x\n# ///\n# ///\nprint(1)\n").ok, false);
+  });
+});

@@ -53,12 +53,12 @@ describe("sqlite storage", () => {
     await storage.close();
   });
 
-  it("a damaged file is refused at open with a clear error", async () => {
+  it("a damaged file is refused at open with a clear error (not a Cairn database: configuration, exit 2)", async () => {
     const dataDir = freshDir();
     const storage = createSqliteStorage({ dataDir });
     await (await storage.open("probe")).close();
     writeFileSync(join(dataDir, "bad.db"), Buffer.alloc(8192, 0x5a));
-    await assert.rejects(storage.open("bad"), (err: unknown) => hasError("unavailable")(err) && /bad\.db/.test((err as Error).message));
+    await assert.rejects(storage.open("bad"), (err: unknown) => hasError("config")(err) && /bad\.db is not a Cairn database/.test((err as Error).message));
     await storage.close();
   });
 
