@@ -45,6 +45,9 @@ export class SessionDriver implements SessionContext {
   /** False while the run is blocked and nobody resumed it: wake-ups do not call the model again. */
   private retryBlocked = false;
   private ending: Promise<void> | null = null;
+  /** Back-off of the re-drive after an error (0: the last pass ended cleanly) and its pending timer. */
+  private retryMs = 0;
+  private retryHandle: unknown = null;
   private readonly executions: Executions;
   private readonly timers: SessionTimers;
 
@@ -85,6 +88,7 @@ export class SessionDriver implements SessionContext {
   async stop(reason: "shutdown" | "fenced"): Promise<void> {
     this.abort.abort();
     this.timers.stop();
+    this.cancelRetry();
     await this.executions.stopRunning(reason);
     this.notifyIdle();
   }
@@ -143,7 +147,10 @@ export class SessionDriver implements SessionContext {
         const now = this.core.world.clock.now();
         this.timers.arm(s, now);
         const step = nextStep({ session: s, limits: this.core.limits, now, busy: this.executions.busy });
-        if (step.kind === "ended" || step.kind === "wait") return;
+        if (step.kind === "ended" || step.kind === "wait") {
+          this.retryMs = 0;
+          return;
+        }
         // Blocked (a refused key, a wrong model): parked until `resume`; other work still moves.
         if (step.kind === "round" && s.blocked !== null && !this.retryBlocked) return;
         const name = describe(step);
@@ -158,10 +165,40 @@ export class SessionDriver implements SessionContext {
       if (err instanceof RunBlocked) this.retryBlocked = false;
       if (!this.core.stopping()) {
         if (err instanceof RunBlocked) this.core.logger.warn({ session: this.id, cause: err.cause, err: err.message }, "run blocked: waiting for an operator");
-        else this.core.logger.error({ session: this.id, err }, "session driver stopped on an error");
+        else this.core.logger.error({ session: this.id, err, retry_in_ms: this.nextRetryMs() }, "session driver stopped on an error; it tries again");
         this.core.failed(this.id, err);
+        if (!(err instanceof RunBlocked)) this.scheduleRetry();
       }
     }
+  }
+
+  /**
+   * A pass that failed (a commit refused or failed before it was sent, a launch that threw) is tried
+   * again after a back-off (1 s doubling to 60 s): every step is decided anew from the durable log and
+   * committed under its identity, so a retry never repeats what already happened. Without it a long-
+   * lived worker (`cairn serve`) would leave the run wedged until it restarts. Fencing and a poisoned
+   * handle stop the harness instead (`stopping()`), and a blocked run waits for `resume`.
+   */
+  private nextRetryMs(): number {
+    return Math.min(60_000, Math.max(1000, this.retryMs * 2));
+  }
+
+  private scheduleRetry(): void {
+    if (this.retryHandle !== null || this.core.stopping()) return;
+    this.retryMs = this.nextRetryMs();
+    const handle = this.core.timers.setTimeout(() => {
+      this.retryHandle = null;
+      this.wake();
+    }, this.retryMs);
+    // A pending retry alone never keeps a process alive (a CLI that is done exits).
+    (handle as { unref?: () => void } | null)?.unref?.();
+    this.retryHandle = handle;
+  }
+
+  private cancelRetry(): void {
+    if (this.retryHandle === null) return;
+    this.core.timers.clearTimeout(this.retryHandle);
+    this.retryHandle = null;
   }
 
   private async perform(step: Exclude<NextStep, { kind: "ended" | "wait" }>): Promise<void> {
