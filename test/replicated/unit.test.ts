@@ -47,11 +47,14 @@ function fakeContext(
   zones: Record<string, string> = { m1: "eu-1a" },
 ): Context & { logger: ReturnType<typeof captureLogger> } {
   const logger = captureLogger();
+  const client = { cluster: { memberList: async () => ({ members: members.map((m) => ({ ...m, ID: m.name, peerURLs: [], clientURLs: [`http://${m.name}:2379`] })) }) } };
   return {
     logger,
     log: logger,
     opts: resolveOptions({ endpoints: ["http://127.0.0.1:1"], dataDir: "/d", allowSmallCluster, zones }),
-    client: { cluster: { memberList: async () => ({ members: members.map((m) => ({ ...m, ID: m.name, peerURLs: [], clientURLs: [`http://${m.name}:2379`] })) }) } },
+    client,
+    // Calls go through the router (one client per member); the fake has one.
+    call: <T>(op: (c: typeof client) => Promise<T>) => op(client),
     fail: (err: unknown) => err,
   } as unknown as Context & { logger: ReturnType<typeof captureLogger> };
 }
