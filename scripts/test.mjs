@@ -23,7 +23,7 @@ if (files.length === 0) {
   console.error(`no test files match ${filters.join(" ")}`);
   process.exit(1);
 }
-const concurrency = process.env.CAIRN_TEST_CONCURRENCY ?? "2";
+const concurrency = process.env.CAIRN_TEST_CONCURRENCY ?? "1";
 const r = spawnSync(
   process.execPath,
   ["--import", "tsx", "--test", `--test-concurrency=${concurrency}`, "--test-timeout=600000", ...files],

@@ -231,6 +231,8 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     await harness.resume();
     const why = terminated ? "term" : await Promise.race([stopped, terminatedP]);
     if (why === "fenced" || (why === "closed" && leaseLost !== null)) {
+      // Losing the owner lease to a takeover is a fence seen first through the lease: count it too.
+      if (why !== "fenced") metrics.fenced();
       setState("fenced", `fenced: this process no longer owns "${name}"`);
       logger.error({ db: name }, "fenced: another process took the database over; exiting with code 3");
       io.err(`cairn: fenced: another process took database "${name}" over${leaseLost !== null ? ` (${leaseLost})` : ""}; exiting with code 3. Restarted, this worker waits in standby.`);
