@@ -294,7 +294,17 @@ export class Harness {
     this.statusValue = "closed";
     await this.shutdown("shutdown");
     if (wasOpen) this.emitStop();
-    await this.chain.catch(() => undefined);
+    if (wasOpen) await this.chain.catch(() => undefined);
+    else {
+      // Already stopped (fenced, poisoned, or the ownership lease lost while cut off from the
+      // storage): a commit still in flight may wait for a quorum this process cannot reach
+      // (--on-outage wait). Its outcome no longer matters here (the next owner reads the truth), so
+      // close does not wait for it beyond a moment.
+      await Promise.race([
+        this.chain.catch(() => undefined),
+        new Promise<void>((resolve) => setTimeout(resolve, 2000).unref()),
+      ]);
+    }
     await this.db.close().catch(() => undefined);
   }
 
