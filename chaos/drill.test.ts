@@ -14,7 +14,8 @@
  * identities, at most one start per cell, and the run must end in success exactly once.
  *
  * Needs a running Docker engine: .ci/run installs docker.io and starts dockerd. In CI a missing
- * engine fails the test with the reason; elsewhere the test is skipped with it.
+ * engine fails the test with the reason (CI or CAIRN_REQUIRE_DOCKER set; .ci/run sets it);
+ * elsewhere the test is skipped with it.
  */
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
@@ -47,7 +48,7 @@ function dockerProblem(): string | null {
   }
 }
 const problem = dockerProblem();
-if (process.env.CI && problem !== null) throw new Error(`the container drill cannot run in CI: ${problem}`);
+if ((process.env.CI || process.env.CAIRN_REQUIRE_DOCKER) && problem !== null) throw new Error(`the container drill cannot run in CI: ${problem}`);
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const docker = (...args: string[]) => execFileSync("docker", args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: 120_000 }).trim();
