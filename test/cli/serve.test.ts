@@ -97,9 +97,13 @@ describe("cairn serve", () => {
     // Another process takes the database over.
     // (an explicit takeover: `cairn resume` takes the owner lease and fences the live serve)
     const resumed = cairn(["resume", ...common]);
-    const unready = await until("/readyz to turn unready", async () => {
+    // Unready first may read "the ownership lease ... is not held" (the new owner's claim ends the
+    // liveness lease) before the fence is seen: wait for the fenced state itself.
+    const unready = await until("/readyz to turn unready as fenced", async () => {
       const r = await fetch(`${url}/readyz`);
-      return r.status === 503 ? await r.text() : undefined;
+      if (r.status !== 503) return undefined;
+      const text = await r.text();
+      return /fenced/.test(text) ? text : undefined;
     }, 120_000);
     const takeover = await resumed;
     assert.equal(takeover.code, 0, takeover.stderr);
