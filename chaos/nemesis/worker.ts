@@ -37,7 +37,7 @@ export interface WorkerConfig {
   readonly commitTimeoutMs?: number;
 }
 
-const EXIT = { ok: 0, failure: 1, fenced: 3, storage: 4 } as const;
+const EXIT = { ok: 0, failure: 1, usage: 2, fenced: 3, storage: 4 } as const;
 
 function errorInfo(err: unknown): { code: string; reason: string | null; message: string } {
   const e = err as { code?: unknown; reason?: unknown; message?: unknown };
@@ -128,7 +128,10 @@ async function main(): Promise<number> {
   } catch (err) {
     const info = errorInfo(err);
     hist.write({ type: "open-failed", db: cfg.db, worker: cfg.worker, pid: process.pid, error: `${info.code}: ${info.message}` });
+    process.stderr.write(`nemesis worker ${cfg.worker}: the open failed: ${info.code}: ${info.message}\n`);
     await base.close().catch(() => undefined);
+    // As the CLI maps them (src/cli/exit.ts): a wrong job (config) is 2, which the scheduler does not restart.
+    if (info.code === "config" || info.code === "usage" || info.code === "not_found") return EXIT.usage;
     return info.code === "reset" ? EXIT.fenced : info.code === "unavailable" || info.code === "uncertain" ? EXIT.storage : EXIT.failure;
   }
   process.env.CHAOS_EPOCH = String(h.epoch);

@@ -4,7 +4,9 @@
  * adapter's tables (schema version 1).
  */
 import BetterSqlite3 from "better-sqlite3";
+import { closeSync, fsyncSync, linkSync, openSync, unlinkSync } from "node:fs";
 import { hostname } from "node:os";
+import { basename, dirname, join } from "node:path";
 import { CairnError } from "../../src/errors.js";
 import { recordLease } from "./liveness.js";
 
@@ -52,6 +54,63 @@ export function unusable(message: string, cause?: unknown): CairnError {
   const err = new CairnError("unavailable", message, { retryable: false, cause });
   err.name = "StorageUnusable";
   return err;
+}
+
+/**
+ * Creates the database file at `path` whole, or not at all: the schema and the format marker are
+ * written to a temporary file beside it, fsynced, and hard-linked into place. SQLite itself creates a
+ * 0-byte file on open and writes the schema only at the first commit, so a process killed in between,
+ * or a disk that fills there, would leave an empty `<name>.db` that every later open refuses as "not
+ * a Cairn database". A file that already exists (another opener won the race) is left as it is.
+ * Returns false when the file existed.
+ */
+export function createDatabaseFile(path: string): boolean {
+  const tmp = join(dirname(path), `.${basename(path)}.creating-${process.pid}-${Math.random().toString(36).slice(2, 10)}`);
+  try {
+    const conn = new BetterSqlite3(tmp, { timeout: BUSY_TIMEOUT_MS });
+    try {
+      // WAL already: switching the journal mode later is itself a write that a kill can interrupt,
+      // leaving a hot rollback journal beside the new file. Closing the last connection checkpoints
+      // the WAL into the file and removes it.
+      conn.pragma("journal_mode = WAL");
+      conn.pragma("synchronous = FULL");
+      conn.exec(`BEGIN IMMEDIATE; ${SCHEMA} COMMIT;`);
+    } finally {
+      conn.close();
+    }
+    const fd = openSync(tmp, "r+");
+    try {
+      fsyncSync(fd);
+    } finally {
+      closeSync(fd);
+    }
+    try {
+      linkSync(tmp, path);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "EEXIST") return false;
+      throw err;
+    }
+    const dir = openSync(dirname(path), "r");
+    try {
+      fsyncSync(dir);
+    } finally {
+      closeSync(dir);
+    }
+    return true;
+  } finally {
+    try {
+      unlinkSync(tmp);
+    } catch {
+      // never created, or already gone
+    }
+    for (const extra of ["-journal", "-wal", "-shm"]) {
+      try {
+        unlinkSync(`${tmp}${extra}`);
+      } catch {
+        // none left
+      }
+    }
+  }
 }
 
 /**

@@ -53,6 +53,12 @@ export function mapSqliteError(err: unknown, phase: SqlitePhase, what: string): 
   if (code === "SQLITE_CONSTRAINT_UNIQUE" || code === "SQLITE_CONSTRAINT_PRIMARYKEY") {
     return { error: new StorageRejected("duplicate_identity", `${detail}. Nothing was written.`, { cause: err }), poison: false };
   }
+  if (phase === "open" && (code === "SQLITE_FULL" || code === "SQLITE_IOERR_SHMSIZE")) {
+    return {
+      error: new StorageUnavailable(`${detail}. The disk holding the data directory is full; nothing was written: free some space and retry.`, { cause: err }),
+      poison: false,
+    };
+  }
   const broken = code.startsWith("SQLITE_IOERR") || code === "SQLITE_FULL" || code.startsWith("SQLITE_CORRUPT") || code === "SQLITE_NOTADB";
   if (phase === "open" && broken) {
     return { error: unusable(`${detail}. The file is damaged or is not a Cairn database: restore it from a backup or a replica, or move it aside.`, err), poison: false };

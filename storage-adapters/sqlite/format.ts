@@ -51,7 +51,16 @@ export function assertCairnFile(path: string, version: string): void {
   let tables: Set<string>;
   let meta: Map<string, string>;
   try {
-    conn = new BetterSqlite3(path, { readonly: true, fileMustExist: true });
+    try {
+      conn = new BetterSqlite3(path, { readonly: true, fileMustExist: true });
+      conn.prepare("SELECT 1 FROM sqlite_master LIMIT 1").get();
+    } catch (err) {
+      // A hot rollback journal (a writer killed mid-transaction) cannot be rolled back read-only. Any
+      // SQLite client rolls it back at its next open; this one does too, and only that, then reads.
+      if (String((err as { code?: unknown }).code ?? "") !== "SQLITE_READONLY_ROLLBACK") throw err;
+      conn?.close();
+      conn = new BetterSqlite3(path, { fileMustExist: true });
+    }
     tables = new Set(conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").pluck().all() as string[]);
     meta = new Map();
     if (tables.has("meta")) {

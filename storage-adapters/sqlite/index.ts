@@ -21,7 +21,7 @@ import {
 import { DatabaseNotFound } from "../../src/storage/errors.js";
 import { closedHandle } from "../../src/storage/handle.js";
 import { checkDatabaseName, isValidDatabaseName, mailboxFull, messageConflict, prepareMessage, sameMessage } from "../../src/storage/semantics.js";
-import { claimOwnership, openReadOnly, openWritable, SCHEMA_VERSION, type Connection } from "./connection.js";
+import { claimOwnership, createDatabaseFile, openReadOnly, openWritable, SCHEMA_VERSION, type Connection } from "./connection.js";
 import { assertCairnFile } from "./format.js";
 import { SqliteDatabase, Statements } from "./database.js";
 import { mapSqliteError, sqliteCode } from "./errors.js";
@@ -67,7 +67,11 @@ export function createSqliteStorage(options: SqliteStorageOptions): Storage {
   const existing = (name: string): string => {
     const path = pathOf(name);
     if (!isValidDatabaseName(name) || !existsSync(path)) throw new DatabaseNotFound(name);
-    assertCairnFile(path, SCHEMA_VERSION);
+    try {
+      assertCairnFile(path, SCHEMA_VERSION);
+    } catch (err) {
+      throw mapSqliteError(err, "open", `checking database "${name}" at ${path}`).error;
+    }
     return path;
   };
 
@@ -79,12 +83,14 @@ export function createSqliteStorage(options: SqliteStorageOptions): Storage {
       checkDatabaseName(name);
       const path = pathOf(name);
       if (openOptions.create === false && !existsSync(path)) throw new DatabaseNotFound(name);
-      // Before anything writes to it (WAL, tables): an existing file must be a Cairn database.
-      assertCairnFile(path, SCHEMA_VERSION);
       let conn: Connection | undefined;
       try {
+        // Before anything writes to it (WAL, tables): an existing file must be a Cairn database.
+        assertCairnFile(path, SCHEMA_VERSION);
         mkdirSync(dataDir, { recursive: true });
-        conn = openWritable(path, openOptions.create === false);
+        // A new database appears whole (schema and marker) or not at all: never as an empty file.
+        if (openOptions.create !== false && !existsSync(path)) createDatabaseFile(path);
+        conn = openWritable(path, true);
         let claimed;
         try {
           claimed = claimOwnership(conn, path, livenessMs);

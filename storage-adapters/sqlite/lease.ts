@@ -8,13 +8,17 @@
  * wait or take over early, and fencing still keeps the log safe). The holder renews the row itself
  * every third of the lease, so a hung or SIGSTOPped holder loses it. A holder on this host whose
  * process is gone (its pid no longer exists) costs no wait.
+ *
+ * Waiters queue in the same file (`waiting`, ordered by arrival), each renewing its own row; a free
+ * lease goes to the oldest live waiter, so a worker restarted by its scheduler queues behind the
+ * standby that waited longer. A waiter whose row stopped renewing (dead, frozen) drops out.
  */
 import BetterSqlite3 from "better-sqlite3";
 import { randomUUID } from "node:crypto";
 import { existsSync, mkdirSync } from "node:fs";
 import { hostname } from "node:os";
 import { join } from "node:path";
-import type { HeldLease, LeaseView, OwnerInfo, OwnerLeases } from "../../src/storage/contract.js";
+import type { HeldLease, LeaseTicket, LeaseView, OwnerInfo, OwnerLeases } from "../../src/storage/contract.js";
 import { checkDatabaseName } from "../../src/storage/semantics.js";
 
 interface Row {
@@ -59,7 +63,20 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
     conn.exec(
       "CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, since TEXT NOT NULL, epoch INTEGER, role TEXT NOT NULL, renewed_ms INTEGER NOT NULL, ttl_ms INTEGER NOT NULL)",
     );
+    conn.exec(
+      "CREATE TABLE IF NOT EXISTS waiting (qid INTEGER PRIMARY KEY AUTOINCREMENT, token TEXT NOT NULL UNIQUE, host TEXT NOT NULL, pid INTEGER NOT NULL, renewed_ms INTEGER NOT NULL, ttl_ms INTEGER NOT NULL)",
+    );
     return conn;
+  };
+  /** The token of the oldest live waiter (dead ones are removed on the way), or undefined. */
+  const oldestWaiter = (conn: BetterSqlite3.Database, now: number): string | undefined => {
+    const rows = conn.prepare<[], { qid: number; token: string; host: string; pid: number; renewed_ms: number; ttl_ms: number }>("SELECT qid, token, host, pid, renewed_ms, ttl_ms FROM waiting ORDER BY qid").all();
+    for (const w of rows) {
+      const live = now - w.renewed_ms < w.ttl_ms && !(w.host === hostname() && !pidAlive(w.pid));
+      if (live) return w.token;
+      conn.prepare("DELETE FROM waiting WHERE qid = ?").run(w.qid);
+    }
+    return undefined;
   };
   const current = (conn: BetterSqlite3.Database): Row | undefined => conn.prepare<[], Row>("SELECT token, host, pid, since, epoch, role, renewed_ms, ttl_ms FROM lease WHERE id = 1").get();
 
@@ -78,12 +95,19 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
       }
     },
 
-    async acquire(name: string, owner: OwnerInfo, options: { readonly force?: boolean } = {}): Promise<HeldLease | null> {
+    async acquire(name: string, owner: OwnerInfo, options: { readonly force?: boolean; readonly ticket?: LeaseTicket } = {}): Promise<HeldLease | null> {
       const conn = openFile(name);
       const token = randomUUID();
+      const ticket = options.ticket instanceof SqliteTicket ? options.ticket : undefined;
       const take = conn.transaction((): boolean => {
         const row = current(conn);
-        if (row !== undefined && isLive(row, Date.now()) && options.force !== true) return false;
+        const now = Date.now();
+        if (options.force !== true) {
+          if (row !== undefined && isLive(row, now)) return false;
+          const first = oldestWaiter(conn, now);
+          if (first !== undefined && first !== ticket?.token) return false;
+        }
+        if (ticket) conn.prepare("DELETE FROM waiting WHERE token = ?").run(ticket.token);
         conn
           .prepare("INSERT OR REPLACE INTO lease (id, token, host, pid, since, epoch, role, renewed_ms, ttl_ms) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)")
           .run(token, owner.host, owner.pid, owner.since, owner.epoch, owner.role, Date.now(), ttlMs);
@@ -100,9 +124,55 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
         conn.close();
         return null;
       }
+      if (ticket) await ticket.withdraw();
       return new SqliteHeldLease(conn, token, ttlMs);
     },
+
+    async enqueue(name: string, owner: OwnerInfo): Promise<LeaseTicket> {
+      const conn = openFile(name);
+      const token = randomUUID();
+      try {
+        conn.prepare("INSERT INTO waiting (token, host, pid, renewed_ms, ttl_ms) VALUES (?, ?, ?, ?, ?)").run(token, owner.host, owner.pid, Date.now(), ttlMs);
+      } catch (err) {
+        conn.close();
+        throw err;
+      }
+      return new SqliteTicket(conn, token, ttlMs);
+    },
   };
+}
+
+/** This process's row in the waiters' queue, renewed every third of the lease until withdrawn. */
+class SqliteTicket implements LeaseTicket {
+  private timer: NodeJS.Timeout | null;
+
+  constructor(
+    private readonly conn: BetterSqlite3.Database,
+    readonly token: string,
+    ttlMs: number,
+  ) {
+    this.timer = setInterval(() => {
+      try {
+        this.conn.prepare("UPDATE waiting SET renewed_ms = ? WHERE token = ?").run(Date.now(), this.token);
+      } catch {
+        // busy: the next tick renews; the row lasts three ticks
+      }
+    }, Math.max(50, Math.floor(ttlMs / 3)));
+    this.timer.unref();
+  }
+
+  async withdraw(): Promise<void> {
+    if (this.timer === null) return;
+    clearInterval(this.timer);
+    this.timer = null;
+    try {
+      this.conn.prepare("DELETE FROM waiting WHERE token = ?").run(this.token);
+    } catch {
+      // left behind: it drops out after the lease length
+    } finally {
+      this.conn.close();
+    }
+  }
 }
 
 class SqliteHeldLease implements HeldLease {
