@@ -4,7 +4,10 @@
  * etcd cluster, beside a submitted run with cells. Ownership changes only when the test kills the
  * owner: the epoch (each open advances it once) is counted, not timed. Killing the standby, again and
  * again, changes nothing; killing the owner moves ownership once, and the other worker finishes the
- * run. No worker is ever fenced (no exit 3): nobody took a database from a live owner.
+ * run; a second run's owner is killed too and ownership moves back. The restarted owner always queues
+ * behind the standby that waited longer (the lease's waiters' queue), so it is the other worker that
+ * finishes each run. The loops run 60 s in all. No worker is ever fenced (no exit 3): nobody took a
+ * database from a live owner.
  */
 import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
@@ -133,6 +136,7 @@ describe("restart-always supervisors on one database", () => {
       for (const l of loops) await l.stop();
     });
     for (const l of loops) l.start();
+    const started = Date.now();
     const roles = async () => {
       const s = await Promise.all(loops.map((l) => l.readyz()));
       const owner = loops.findIndex((_, i) => s[i] === 200);
@@ -161,24 +165,47 @@ describe("restart-always supervisors on one database", () => {
         await reader.close();
       }
     };
-    await until("two cells to finish", async () => ((await readLog()).filter((e) => e.kind === "execution_finished").length >= 2 ? true : undefined));
-    await first.owner.kill("SIGKILL");
-    const second = await until("the other worker to own the database", roles);
-    assert.equal(second.owner, first.standby, "the standby took over");
-    assert.equal(await epoch(), e0 + 1, "one change of owner for one death");
+    const finishedOf = (l: LogEvent[], session: string) => l.filter((e) => e.kind === "execution_finished" && e.session === session) as LogEvent<"execution_finished">[];
+    /** Kills the owner while `session` runs its cells; the standby (never the restarted owner) takes over and ends the run. */
+    const killOwnerDuring = async (session: string, roles0: { owner: Loop; standby: Loop }, epochBefore: number) => {
+      await until(`two cells of ${session} to finish`, async () => (finishedOf(await readLog(), session).length >= 2 ? true : undefined));
+      const startsBefore = roles0.owner.starts;
+      await roles0.owner.kill("SIGKILL");
+      const next = await until("the other worker to own the database", roles);
+      assert.equal(next.owner, roles0.standby, "the standby that waited took over, not the owner's restarted process");
+      assert.equal(await epoch(), epochBefore + 1, "one change of owner for one death");
+      const log = await until(`${session} to end`, async () => {
+        const l = await readLog();
+        return l.some((e) => e.kind === "run_ended" && e.session === session) ? l : undefined;
+      });
+      assert.equal(await epoch(), epochBefore + 1, "no further change of owner");
+      const finished = finishedOf(log, session);
+      const unknown = finished.filter((e) => e.body.result === "UnknownExecution");
+      assert.ok(unknown.length <= 1, `only the cell running when the owner was killed can be UnknownExecution: ${unknown.length}`);
+      assert.ok(finished.length >= cells, `every cell of ${session} was driven to an end`);
+      assert.ok(roles0.owner.starts > startsBefore, "the killed owner was restarted by its loop");
+      await until("the restarted worker in standby", async () => ((await roles0.owner.readyz()) === 503 ? true : undefined));
+      return next;
+    };
+    const second = await killOwnerDuring("job", first, e0);
 
-    const log = await until("the run to end", async () => {
-      const l = await readLog();
-      return l.some((e) => e.kind === "run_ended" && e.session === "job") ? l : undefined;
-    });
-    assert.equal(await epoch(), e0 + 1, "no further change of owner");
-    const finished = log.filter((e) => e.kind === "execution_finished") as LogEvent<"execution_finished">[];
-    const unknown = finished.filter((e) => e.body.result === "UnknownExecution");
-    assert.ok(unknown.length <= 1, `only the cell running when the owner was killed can be UnknownExecution: ${unknown.length}`);
-    assert.equal(log.filter((e) => e.kind === "session_created").length, 1, "one run");
-    assert.ok(finished.length >= cells, "every cell of the run was driven to an end");
+    // A second run, submitted to the new owner; its owner is killed too: ownership moves back.
+    const sub2 = await runCairn(["submit", "run six cells again", ...storageArgs, "--data-dir", join(dir, "submit"), "--session", "job2"]);
+    assert.equal(sub2.code, 0, said(sub2));
+    const third = await killOwnerDuring("job2", second, e0 + 1);
+    assert.equal(third.owner, first.owner, "ownership went back to the first loop's worker");
+
+    // The loops keep running (60 s in all): nothing moves ownership while nobody is killed.
+    const calm = e0 + 2;
+    while (Date.now() - started < 60_000) {
+      assert.equal(await epoch(), calm, "ownership never moved while nobody was killed");
+      await new Promise((r) => setTimeout(r, 1000));
+    }
+    const log = await readLog();
+    assert.equal(log.filter((e) => e.kind === "session_created").length, 2, "two runs, one per submit");
+    assert.equal(await epoch(), calm);
     for (const l of loops) assert.ok(!l.exits.includes(3), `worker ${l.name} was never fenced:\n${l.log.slice(-3000)}`);
-    assert.ok(second.standby.starts >= 2, "the killed owner was restarted by its loop");
-    await until("the restarted worker in standby", async () => ((await second.standby.readyz()) === 503 ? true : undefined));
+    assert.equal(await third.owner.readyz(), 200);
+    assert.equal(await third.standby.readyz(), 503);
   });
 });

@@ -7,7 +7,7 @@
  */
 import { hostname } from "node:os";
 import type { Logger } from "pino";
-import type { HeldLease, LeaseView, OwnerInfo, Storage } from "../storage/contract.js";
+import type { HeldLease, LeaseTicket, LeaseView, OwnerInfo, Storage } from "../storage/contract.js";
 import { hasCode } from "../errors.js";
 import type { Parsed } from "./args.js";
 import { UsageError } from "./args.js";
@@ -49,25 +49,37 @@ export async function takeLease(o: WaitOptions): Promise<HeldLease | "no-leases"
   if (leases === undefined) return "no-leases";
   const pollMs = Math.min(1000, Math.max(100, Math.floor(leases.ttlMs / 5)));
   let force = o.force;
-  for (;;) {
-    if (o.stopped?.() === true) return null;
-    try {
-      const held = await leases.acquire(o.name, ownerInfo(o.role), { force });
-      if (held !== null) return held;
-      force = false;
-      await o.onStandby?.(await leases.read(o.name));
-    } catch (err) {
-      if (hasCode(err, "config") || hasCode(err, "usage") || hasCode(err, "not_found")) throw err;
-      o.logger?.warn({ err: (err as Error).message }, "could not reach the owner lease; retrying");
-      await o.onStandby?.(null);
-    }
-    await new Promise<void>((resolve) => {
-      const t = setTimeout(resolve, pollMs);
-      o.wake?.(() => {
-        clearTimeout(t);
-        resolve();
+  const info = ownerInfo(o.role);
+  // Queued after the first refusal: a lease that falls free goes to the oldest live waiter, so a
+  // worker restarted by its scheduler does not overtake the standby that has waited longer.
+  let ticket: LeaseTicket | undefined;
+  try {
+    for (;;) {
+      if (o.stopped?.() === true) return null;
+      try {
+        const held = await leases.acquire(o.name, ownerInfo(o.role), { force, ...(ticket ? { ticket } : {}) });
+        if (held !== null) {
+          ticket = undefined; // taking the lease withdrew it
+          return held;
+        }
+        force = false;
+        ticket ??= await leases.enqueue(o.name, info);
+        await o.onStandby?.(await leases.read(o.name));
+      } catch (err) {
+        if (hasCode(err, "config") || hasCode(err, "usage") || hasCode(err, "not_found")) throw err;
+        o.logger?.warn({ err: (err as Error).message }, "could not reach the owner lease; retrying");
+        await o.onStandby?.(null);
+      }
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, pollMs);
+        o.wake?.(() => {
+          clearTimeout(t);
+          resolve();
+        });
       });
-    });
+    }
+  } finally {
+    await ticket?.withdraw().catch(() => undefined);
   }
 }
 

@@ -169,14 +169,30 @@ export interface HeldLease {
 }
 
 /**
+ * A place in the queue of processes waiting for a database's lease, kept alive by this process (a
+ * waiter that dies or freezes drops out after the lease length). When the lease falls free, the
+ * oldest live waiter takes it first: a worker restarted by a restart-always scheduler queues behind
+ * the standby that waited longer instead of racing it.
+ */
+export interface LeaseTicket {
+  /** Leaves the queue (idempotent). */
+  withdraw(): Promise<void>;
+}
+
+/**
  * Owner leases of an adapter whose databases are shared by several processes (sqlite on one host,
  * replicated anywhere). A starting worker that finds a live lease waits instead of taking over.
  */
 export interface OwnerLeases {
   readonly ttlMs: number;
   read(name: string): Promise<LeaseView | null>;
-  /** Takes the lease unless a live holder has it (then null); `force` takes it regardless. */
-  acquire(name: string, owner: OwnerInfo, options?: { readonly force?: boolean }): Promise<HeldLease | null>;
+  /**
+   * Takes the lease unless a live holder has it, or a live waiter queued before `ticket` (any live
+   * waiter, without a ticket): then null. `force` takes it regardless. Taking it withdraws `ticket`.
+   */
+  acquire(name: string, owner: OwnerInfo, options?: { readonly force?: boolean; readonly ticket?: LeaseTicket }): Promise<HeldLease | null>;
+  /** Joins the queue of waiters for `name`'s lease. */
+  enqueue(name: string, owner: OwnerInfo): Promise<LeaseTicket>;
 }
 
 export interface OpenOptions {
