@@ -97,7 +97,7 @@ async function leaderIndex(cluster: DevCluster): Promise<number> {
   return idx;
 }
 
-describe("silent members: commits route around them", { skip: unavailable ?? false, timeout: 240_000 }, () => {
+describe("silent members: commits route around them", { skip: unavailable ?? false, timeout: 600_000 }, () => {
   let c: Awaited<ReturnType<typeof devCluster>>;
   const data = tempDir("silent");
   const heals: (() => void)[] = [];
