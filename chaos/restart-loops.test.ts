@@ -22,6 +22,7 @@ import { REPO, runCairn, describe as said } from "./support/cli.js";
 import { cmdPatch, concludePatch, writeScript } from "./support/patches.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { parseLogEvent, type LogEvent } from "../src/state/events.js";
+import { untilQuiet as until } from "../test/support/wait.js";
 
 const root = mkdtempSync(join(tmpdir(), "cairn-chaos-loops-"));
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -96,15 +97,6 @@ class Loop {
   }
 }
 
-async function until<T>(what: string, check: () => Promise<T | undefined>, limitMs = 90_000): Promise<T> {
-  const end = Date.now() + limitMs;
-  for (;;) {
-    const v = await check().catch(() => undefined);
-    if (v !== undefined) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
 
 describe("restart-always supervisors on one database", () => {
   test("ownership changes only when the owner dies; the other worker finishes the run; nobody is fenced", async () => {

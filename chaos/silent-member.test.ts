@@ -28,19 +28,13 @@ import { devCluster, ev, tempDir } from "../test/replicated/helpers.js";
 import type { DevCluster } from "../storage-adapters/replicated/devcluster.js";
 import { firewallUnavailable } from "./partition/firewall.js";
 import { dropPorts, portOf } from "./zones/drop.js";
+import { until } from "../test/support/wait.js";
 
 const unavailable = process.env.CI ? (firewallUnavailable() && assert.fail(`the silent-member test cannot run in CI: ${firewallUnavailable()}`)) : firewallUnavailable();
 
 /** Hang guard for waiting on a condition (never a speed assertion). */
 const GUARD_MS = 60_000;
 
-async function until(what: string, cond: () => boolean | Promise<boolean>, guardMs = GUARD_MS): Promise<void> {
-  const deadline = Date.now() + guardMs;
-  while (!(await cond())) {
-    if (Date.now() > deadline) assert.fail(`hang guard: ${what} did not happen within ${guardMs / 1000} s`);
-    await sleep(100);
-  }
-}
 
 /** Concurrent committers; every acknowledgement is recorded with its seq and time. */
 class Load {

@@ -29,6 +29,7 @@ import { userIds } from "./partition/owner-process.js";
 import { stageForOtherUser } from "./partition/stage.js";
 import { cmdPatch, concludePatch, resolvePatch, writeScript } from "./support/patches.js";
 import { portOf } from "./zones/drop.js";
+import { until } from "../test/support/wait.js";
 
 const REPO = fileURLToPath(new URL("../", import.meta.url));
 const unavailable = process.env.CI ? (firewallUnavailable() && assert.fail(`the silent-zone test cannot run in CI: ${firewallUnavailable()}`)) : firewallUnavailable();
@@ -36,13 +37,6 @@ const GUARD_MS = 60_000;
 /** Tries of the zone-loss scenario (the issue asks for 10 of 10; set CAIRN_ZONE_TRIES=10 to run them all). */
 const TRIES = Number(process.env.CAIRN_ZONE_TRIES ?? 3);
 
-async function until(what: string, cond: () => boolean, guardMs = GUARD_MS): Promise<void> {
-  const deadline = Date.now() + guardMs;
-  while (!cond()) {
-    if (Date.now() > deadline) assert.fail(`hang guard: ${what} did not happen within ${guardMs / 1000} s`);
-    await sleep(50);
-  }
-}
 
 /** Timestamps (ns since the epoch, as `date +%s%N` prints them) in an effect file. */
 function stamps(file: string): bigint[] {

@@ -50,21 +50,8 @@ export function groupMembers(pgid: number): number[] {
   return out;
 }
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
-/**
- * Polls `check` every 50 ms until it returns a value other than undefined; throws `what` after
- * `limitMs` (a guard against hanging, not a timing assertion).
- */
-export async function until<T>(what: string, check: () => T | undefined, limitMs = 30_000): Promise<T> {
-  const deadline = Date.now() + limitMs;
-  for (;;) {
-    const v = check();
-    if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`gave up waiting for ${what} after ${limitMs} ms`);
-    await sleep(50);
-  }
-}
+/** Polling with a hang guard, shared by every test (test/support/wait.ts). */
+export { until } from "../../test/support/wait.js";
 
 /** Processes the suite caused to exist, each by pid and start time. */
 const tracked = new Map<number, string>();

@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { writeFileSync } from "node:fs";
 import { cairn, ENTRY, ROOT } from "./support.js";
 import { tempDir } from "../harness/support.js";
+import { untilQuiet as until } from "../support/wait.js";
 
 const t = tempDir("cairn-serve-");
 const children: ChildProcess[] = [];
@@ -30,15 +31,6 @@ function sum(m: Map<string, number>, prefix: string, labels: string[] = []): num
   return total;
 }
 
-async function until<T>(what: string, f: () => Promise<T | undefined>, ms = 120_000): Promise<T> {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await f().catch(() => undefined);
-    if (v !== undefined) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 describe("cairn serve", () => {
   it("resumes a run, exports metrics that move, and exits 3 with /readyz unready once taken over", async () => {

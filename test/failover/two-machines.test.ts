@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { startDevCluster, type DevCluster } from "../../storage-adapters/replicated/devcluster.js";
 import { cairn, ENTRY, ROOT } from "../cli/support.js";
 import { tempDir } from "../harness/support.js";
+import { until } from "../support/wait.js";
 
 const t = tempDir("cairn-failover-");
 let cluster: DevCluster;
@@ -38,13 +39,6 @@ function spawnCairn(args: string[]): { child: ChildProcess; out: () => string; e
   return { child, out: () => out, err: () => err, exit };
 }
 
-async function until(what: string, f: () => boolean, ms = 120_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!f()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 describe("replicated storage: a run survives the loss of its machine and of members", () => {
   it("B takes over a run from A (empty data dir), A exits 3, B reports UnknownExecution and finishes", async () => {

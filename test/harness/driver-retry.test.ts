@@ -8,16 +8,10 @@ import { Harness } from "../../src/harness/harness.js";
 import type { FaultPoint } from "../../src/storage/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { adds, cmd, conclude, scripted, tempDir } from "./support.js";
+import { until } from "../support/wait.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 
-async function until(cond: () => boolean, what: string, ms = 120_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) assert.fail(`hang guard: ${what} did not happen within ${ms / 1000} s`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 describe("session driver after a failed commit", () => {
   it("drives the run again after a back-off: it ends without a resume, and nothing is done twice", async () => {
@@ -37,7 +31,7 @@ describe("session driver after a failed commit", () => {
     const h = await Harness.open({ storage: createMemoryStorage({ faults }), name: "r", model, workDir: t.dir, limits: fast });
     try {
       const s = await h.start({ goal: "g", cwd: t.dir });
-      await until(() => h.session(s)!.terminal !== null, "the run to end");
+      await until("the run to end", () => h.session(s)!.terminal !== null);
       assert.deepEqual(failed, [2], "the fault was injected once");
       const p = h.session(s)!;
       assert.equal(p.terminal!.result, "success", p.terminal!.reason);
@@ -58,7 +52,7 @@ describe("session driver after a failed commit", () => {
     const model = scripted([adds(0, 1, [conclude("success")])]);
     const h = await Harness.open({ storage: createMemoryStorage({ faults }), name: "r", model, workDir: t.dir, limits: fast });
     const s = await h.start({ goal: "g", cwd: t.dir });
-    await until(() => commits >= 2, "the failed commit");
+    await until("the failed commit", () => commits >= 2);
     await h.close();
     const after = commits;
     await new Promise((r) => setTimeout(r, 1500)); // past the first back-off (1 s)

@@ -10,16 +10,10 @@ import { checkOutsideObservation, MAX_PAYLOAD_SIZE } from "../../src/harness/obs
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { tempDir } from "../harness/support.js";
 import { addCell, modelOf, nested, rev } from "./support.js";
+import { until } from "../support/wait.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 
-async function until(cond: () => boolean, what: string): Promise<void> {
-  for (let i = 0; i < 600; i++) {
-    if (cond()) return;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  assert.fail(`timed out waiting for ${what}`);
-}
 
 describe("mailbox messages refused at drain time", () => {
   it("a message for a run that ended meanwhile, and one whose id conflicts, become post_refused events shown by status", async () => {
@@ -34,7 +28,7 @@ describe("mailbox messages refused at drain time", () => {
       await h.wait(s2).catch(() => undefined);
       // Posted as `cairn post` does (it checked before the run ended): straight into the mailbox.
       await storage.post("mb", { id: "late", session: s, kind: "ci", payload: { ok: true }, at: new Date().toISOString() });
-      await until(() => h.inspect(s).sessions[0]!.refused_posts.length === 1, "the refusal to be recorded");
+      await until("the refusal to be recorded", () => h.inspect(s).sessions[0]!.refused_posts.length === 1);
       const r = h.inspect(s).sessions[0]!.refused_posts[0]!;
       assert.equal(r.id, "late");
       assert.equal(r.code, "ended");

@@ -14,6 +14,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { ENTRY, ROOT } from "../cli/support.js";
+import { until } from "../support/wait.js";
 
 export interface Spawned {
   readonly child: ChildProcess;
@@ -34,14 +35,8 @@ export function spawnCairn(args: string[], children: ChildProcess[], env: NodeJS
   return { child, out: () => out, err: () => err, exit };
 }
 
-/** Polls `f` every 50 ms; a generous deadline only guards against a hang. */
-export async function until(what: string, f: () => boolean | Promise<boolean>, ms = 90_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await f())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
+/** Polling with a hang guard, shared by every test (test/support/wait.ts). */
+export { until };
 
 /** Kills what is still running (SIGKILL): for t.after / after hooks. */
 export function killAll(children: readonly ChildProcess[]): void {

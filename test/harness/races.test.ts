@@ -12,17 +12,11 @@ import { defaultWorld } from "../../src/harness/world.js";
 import type { Model, ModelRequest } from "../../src/model/contract.js";
 import type { Database, Storage } from "../../src/storage/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
-import { adds, cmd, conclude, note, scripted, tempDir } from "../harness/support.js";
+import { adds, cmd, conclude, note, scripted, tempDir } from "./support.js";
+import { sleep, until } from "../support/wait.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-async function until(cond: () => boolean, what: string, ms = 120_000): Promise<void> {
-  for (let waited = 0; !cond(); waited += 20) {
-    if (waited > ms) throw new Error(`timed out waiting for ${what}`);
-    await sleep(20);
-  }
-}
 
 function alive(pid: number): boolean {
   try {
@@ -110,7 +104,7 @@ describe("review: close and launch", () => {
     let first: Promise<void> | null = null;
     try {
       await h.start({ goal: "g", cwd: t.dir });
-      await until(() => existsSync(pidFile) && readFileSync(pidFile, "utf8").trim() !== "", "the cell to start");
+      await until("the cell to start", () => existsSync(pidFile) && readFileSync(pidFile, "utf8").trim() !== "");
       const pid = Number(readFileSync(pidFile, "utf8").trim());
       first = h.close();
       await h.close();
@@ -161,7 +155,7 @@ describe("review: concurrent callers", () => {
     const marker = join(t.dir, "running");
     const h1 = await Harness.open({ storage, name: "r", model: scripted([adds(0, 1, [cmd("sh", "-c", `touch ${marker}; sleep 30`)])]), workDir: t.dir, limits: fast });
     const s = await h1.start({ goal: "g", cwd: t.dir });
-    await until(() => existsSync(marker), "the cell to run");
+    await until("the cell to run", () => existsSync(marker));
     // A second owner on "another host": recovery records the cell without trying to stop it here.
     const h2 = await Harness.open({ storage, name: "r", model: quitter, workDir: t.dir, limits: fast, world: { ...defaultWorld(), host: "review-other-host" } });
     try {
@@ -189,7 +183,7 @@ describe("review: success conclusion", () => {
     const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast });
     try {
       const s = await h.start({ goal: "g", cwd: t.dir, validators: [["sh", "-c", `touch ${marker}; sleep 1`]] });
-      await until(() => existsSync(marker), "the validator to start");
+      await until("the validator to start", () => existsSync(marker));
       await h.post(s, { id: "ci-red", kind: "ci", payload: { green: false } });
       const out = await h.wait(s);
       const sp = h.session(s)!;
@@ -234,7 +228,7 @@ describe("review: the timer socket", () => {
     let client: Socket | null = null;
     try {
       const s = await h.start({ goal: "g", cwd: t.dir });
-      await until(() => h.session(s)?.executions.get(1)?.phase === "finished", "the cell to finish");
+      await until("the cell to finish", () => h.session(s)?.executions.get(1)?.phase === "finished");
       const path = h.session(s)!.executions.get(1)!.output_tail.trim();
       client = connect(path);
       client.on("error", () => undefined);

@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { Harness } from "../../src/harness/harness.js";
 import type { Model, ModelRequest } from "../../src/model/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
-import { adds, cmd, conclude, scripted, tempDir } from "../harness/support.js";
+import { adds, cmd, conclude, scripted, tempDir } from "./support.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

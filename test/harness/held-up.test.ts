@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { Harness } from "../../src/harness/harness.js";
 import type { Model, ModelRequest } from "../../src/model/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
-import { adds, cmd, conclude, note, scripted, tempDir } from "../harness/support.js";
+import { adds, cmd, conclude, note, scripted, tempDir } from "./support.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 

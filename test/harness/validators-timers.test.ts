@@ -11,17 +11,11 @@ import { createExecutor } from "../../src/exec/executor.js";
 import { runValidator } from "../../src/harness/validators.js";
 import type { Model, ModelRequest } from "../../src/model/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
-import { adds, cmd, conclude, note, scripted, tempDir } from "../harness/support.js";
+import { adds, cmd, conclude, note, scripted, tempDir } from "./support.js";
+import { sleep, until } from "../support/wait.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-async function until(cond: () => boolean, what: string, ms = 120_000): Promise<void> {
-  for (let waited = 0; !cond(); waited += 20) {
-    if (waited > ms) throw new Error(`timed out waiting for ${what}`);
-    await sleep(20);
-  }
-}
 
 function processesMatching(pattern: string): string[] {
   try {
@@ -72,7 +66,7 @@ describe("review: the storage mailbox", () => {
     try {
       const s1 = await h.start({ goal: "one", cwd: t.dir });
       const s2 = await h.start({ goal: "two", cwd: t.dir });
-      await until(() => h.session(s1)!.open_turn !== null && h.session(s2)!.executions.get(1)?.phase === "started", "both sessions to be busy");
+      await until("both sessions to be busy", () => h.session(s1)!.open_turn !== null && h.session(s2)!.executions.get(1)?.phase === "started");
       await h.post(s1, { id: "fill", kind: "k", payload: 1 }); // s1's inbox is now full (limit 1)
       await storage.post("mb", { id: "for-s1", session: s1, kind: "k", payload: 2, at: new Date().toISOString() });
       await storage.post("mb", { id: "for-s2", session: s2, kind: "k", payload: 3, at: new Date().toISOString() });
@@ -92,7 +86,7 @@ describe("review: timers", () => {
     const h = await Harness.open({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast });
     try {
       const s = await h.start({ goal: "g", cwd: t.dir });
-      await until(() => (h.session(s)?.executions.get(1)?.output_tail ?? "").includes("\n"), "the socket path");
+      await until("the socket path", () => (h.session(s)?.executions.get(1)?.output_tail ?? "").includes("\n"));
       const path = h.session(s)!.executions.get(1)!.output_tail.trim();
       const ask = () =>
         new Promise<{ ok: boolean; error?: string }>((resolve, reject) => {
@@ -123,7 +117,7 @@ describe("review: timers", () => {
     const h = await Harness.open({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast });
     try {
       const s = await h.start({ goal: "g", cwd: t.dir });
-      await until(() => (h.session(s)?.executions.get(1)?.output_tail ?? "").includes("\n"), "the socket path");
+      await until("the socket path", () => (h.session(s)?.executions.get(1)?.output_tail ?? "").includes("\n"));
       const path = h.session(s)!.executions.get(1)!.output_tail.trim();
       const reply = await new Promise<{ ok: boolean; due_at?: string }>((resolve, reject) => {
         const c = connect(path);
