@@ -16,8 +16,7 @@ import { performance } from "node:perf_hooks";
 import pino, { type Logger } from "pino";
 import type { Admission } from "../state/admission.js";
 import type { LogEvent, NewEvent } from "../state/events.js";
-import { event, identity, parseLogEvent } from "../state/events.js";
-import { sessionCreated } from "../state/outcomes.js";
+import { sessionCreated, withOwnerClaims } from "../state/outcomes.js";
 import type { SessionProjection } from "../state/projection.js";
 import { Reducer } from "../state/reducer.js";
 import type { Database, DatabaseSignal, DatabaseStats, Storage } from "../storage/contract.js";
@@ -31,16 +30,16 @@ import type { Inspection } from "./inspect.js";
 import { awaitPrevious, guardLease } from "./lease.js";
 import { summarize } from "./inspect.js";
 import { MailboxDelivery, postObservation } from "./mailbox.js";
-import { checkUserSessionId, isAssignedId, startRequested } from "./start-request.js";
+import { chooseSessionId, startRequested } from "./start-request.js";
 import type { OutsideObservation } from "./observations.js";
 import { defaultLimits, type HarnessLimits } from "./options.js";
 import { resubmit } from "./round.js";
 import { SessionDrivers } from "./session.js";
-import { startTimerServer, timerSocketPath } from "./timer-server.js";
-import { registerTimer, Sleeper } from "./timers.js";
+import { TimerHousekeeping } from "./timers.js";
 import { defaultWorld, type HarnessWorld } from "./world.js";
 import type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
 import { Listeners } from "./listeners.js";
+import { foldCommitted, foldLog } from "./fold.js";
 
 export type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
 
@@ -51,13 +50,11 @@ export class Harness {
   private statusValue: HarnessStatus = "open";
   private stopError: CairnError | null = null;
   private unwatch: (() => void) | null = null;
-  private timerServer: { path: string; close(): Promise<void> } | null = null;
   private readonly mailbox: MailboxDelivery;
-  private readonly sleeper: Sleeper;
+  private readonly timers: TimerHousekeeping;
   private sessionsAllocated = 0;
   private closing: Promise<void> | null = null;
   private resuming: Promise<{ sessions: string[]; recovered: number }> | null = null;
-  private recovery: Promise<number> | null = null;
   private submitCwd = process.cwd();
   private readonly listeners: Listeners;
   private readonly core: HarnessCore;
@@ -84,13 +81,13 @@ export class Harness {
         headSeq: () => this.reducer.headSeq,
         stopping: () => this.statusValue !== "open",
         failed: (session, err) => this.listeners.failed(session, err),
-        sleep: (ms) => this.sleeper.sleep(ms),
-        timerSocket: () => this.timerServer?.path ?? null,
+        sleep: (ms) => this.timers.sleeper.sleep(ms),
+        timerSocket: () => this.timers.socket(),
       },
     );
     this.listeners = new Listeners(logger);
     this.drivers = new SessionDrivers(this.core);
-    this.sleeper = new Sleeper(this.core.timers, () => this.statusValue === "open");
+    this.timers = new TimerHousekeeping(this.core.timers, () => this.statusValue === "open");
     this.mailbox = new MailboxDelivery(this.core, db, (m) =>
       startRequested(m, { session: (id) => this.reducer.session(id), start: (o) => this.start({ ...o, cwd: this.submitCwd }), logger: this.logger }),
     );
@@ -116,10 +113,10 @@ export class Harness {
     }
     const h = new Harness(db, options.storage, options.name, options.model, world, logger.child({ db: options.name, epoch: db.epoch, host: world.host }), options.metrics ?? null, limits, workDir, options.faults ?? null);
     try {
-      await h.load();
+      await foldLog(db, h.reducer);
       h.unwatch = db.watch((signal) => h.onSignal(signal));
       guardLease(h, db, h.logger);
-      h.timerServer = await startTimerServer(timerSocketPath(workDir, options.name), (req) => registerTimer(h.core, req));
+      await h.timers.listen(workDir, options.name, h.core);
     } catch (err) {
       await db.close().catch(() => undefined);
       throw err;
@@ -131,16 +128,6 @@ export class Harness {
     h.logger.info({ head: h.reducer.headSeq, sessions: h.reducer.projection().order.length }, "database opened");
     void h.mailbox.drain();
     return h;
-  }
-
-  private async load(): Promise<void> {
-    const page = 5000;
-    for (;;) {
-      const batch = await this.db.read(this.reducer.headSeq, page);
-      if (batch.length === 0) return;
-      this.reducer.apply(batch.map((e) => parseLogEvent(e)));
-      if (batch.length < page) return;
-    }
   }
 
   get status(): HarnessStatus {
@@ -167,38 +154,13 @@ export class Harness {
   async start(options: StartOptions): Promise<string> {
     this.assertOpen();
     if (options.goal.trim() === "") throw new ConfigError("the goal is empty; say what the agent should achieve.");
-    let id: string;
-    if (options.id !== undefined) {
-      const bad = isAssignedId(options.id) ? null : checkUserSessionId(options.id);
-      if (bad !== null) throw new ConfigError(bad);
-      if (this.reducer.session(options.id) !== undefined) throw new ConfigError(`session "${options.id}" already exists in database "${this.name}".`);
-      id = options.id;
-    } else {
-      // Allocated synchronously: concurrent start() calls never pick the same id.
-      id = `s${Math.max(this.reducer.projection().order.length, this.sessionsAllocated) + 1}`;
-      this.sessionsAllocated = Number(id.slice(1));
-    }
-    // Whichever command opened the database: every unfinished run is recovered (its survivors
-    // stopped) before anything new is launched.
-    await this.recoverAll();
+    const id = chooseSessionId(options.id, this.name, this.reducer, this.sessionsAllocated);
+    if (options.id === undefined) this.sessionsAllocated = Number(id.slice(1));
+    await this.drivers.recoverAll(this.unfinished());
     await this.commit([sessionCreated(id, options, this.core.nowIso())]);
     this.metrics?.runStarted();
     this.drivers.of(id).wake();
     return id;
-  }
-
-  /** Recovers every run unfinished at open, once (survivors stopped, lost cells UnknownExecution). */
-  private recoverAll(): Promise<number> {
-    if (this.recovery === null) {
-      const unfinished = this.reducer.projection().order.filter((id) => this.reducer.session(id)!.terminal === null);
-      this.recovery = (async () => {
-        let n = 0;
-        for (const id of unfinished) n += await this.drivers.of(id).recover();
-        return n;
-      })();
-      this.recovery.catch(() => (this.recovery = null));
-    }
-    return this.recovery;
   }
 
   /**
@@ -213,12 +175,16 @@ export class Harness {
   }
 
   private async resumeOnce(): Promise<{ sessions: string[]; recovered: number }> {
-    const recovered = await this.recoverAll();
-    const unfinished = this.reducer.projection().order.filter((id) => this.reducer.session(id)!.terminal === null);
-    await this.drivers.resume(unfinished);
+    const unfinished = this.unfinished();
+    const recovered = await this.drivers.recoverAll(unfinished);
+    await this.drivers.resume(this.unfinished());
     this.metrics?.resumed();
     this.logger.info({ sessions: unfinished, recovered }, "resumed");
     return { sessions: unfinished, recovered };
+  }
+
+  private unfinished(): string[] {
+    return this.reducer.projection().order.filter((id) => this.reducer.session(id)!.terminal === null);
   }
 
   /**
@@ -320,18 +286,12 @@ export class Harness {
     const run = async (): Promise<readonly LogEvent[]> => {
       this.assertOpen();
       const t0 = performance.now();
-      const events = this.withOwnerClaims(caller);
+      const w = this.core.world;
+      const events = withOwnerClaims(caller, this.reducer.projection().identities, { epoch: this.db.epoch, host: w.host, boot_id: w.bootId, pid: process.pid });
       try {
         const receipt = await this.db.commit(events);
         this.metrics?.commit(this.storage.adapter, "ok", (performance.now() - t0) / 1000, events.length);
-        let logged: LogEvent[];
-        if (receipt.firstSeq === this.reducer.headSeq + 1 && receipt.lastSeq === receipt.firstSeq + events.length - 1) {
-          logged = events.map((e, i) => ({ ...structuredClone(e), seq: receipt.firstSeq + i }) as LogEvent);
-        } else {
-          // Not contiguous with what we folded: read the truth back rather than guess.
-          logged = (await this.db.read(this.reducer.headSeq)).map((e) => parseLogEvent(e));
-        }
-        this.reducer.apply(logged);
+        const logged = await foldCommitted(this.db, this.reducer, events, receipt);
         this.afterCommit(logged);
         return events === caller ? logged : logged.filter((e) => e.kind !== "owner_claimed");
       } catch (err) {
@@ -342,32 +302,6 @@ export class Harness {
     const p = this.chain.then(run, run);
     this.chain = p.catch(() => undefined);
     return p;
-  }
-
-  /**
-   * The first commit this owner (epoch) makes for a session also carries `owner_claimed`, right after
-   * `session_created` or before the session's first event, so the log records every change of hands
-   * without an extra commit. Returns `events` itself when nothing is added.
-   */
-  private withOwnerClaims(events: readonly NewEvent[]): readonly NewEvent[] {
-    const epoch = this.db.epoch;
-    const known = this.reducer.projection().identities;
-    const claimed = new Set<string>();
-    const out: NewEvent[] = [];
-    let added = false;
-    for (const e of events) {
-      const id = identity.owner(e.session, epoch);
-      const claim = (): void => {
-        claimed.add(e.session);
-        added = true;
-        out.push(event("owner_claimed", e.session, id, e.at, { epoch, host: this.core.world.host, boot_id: this.core.world.bootId, pid: process.pid }));
-      };
-      const pending = !claimed.has(e.session) && !known.has(id);
-      if (pending && e.kind !== "session_created") claim();
-      out.push(e);
-      if (pending && e.kind === "session_created") claim();
-    }
-    return added ? out : events;
   }
 
   private afterCommit(logged: readonly LogEvent[]): void {
@@ -432,12 +366,11 @@ export class Harness {
   }
 
   private async shutdown(reason: "shutdown" | "fenced" | "poisoned" | "unreachable"): Promise<void> {
-    this.sleeper.wakeAll();
+    this.timers.sleeper.wakeAll(); // a round sleeping in its back-off ends now, before the drivers stop
     this.unwatch?.();
     this.unwatch = null;
     await this.drivers.stop(reason === "shutdown" ? "shutdown" : "fenced");
-    await this.timerServer?.close().catch(() => undefined);
-    this.timerServer = null;
+    await this.timers.close();
   }
 
   /** Sets every gauge from the projection and the storage's stats (serve calls it on each scrape). */

@@ -235,6 +235,7 @@ function describe(step: Exclude<NextStep, { kind: "ended" | "wait" }>): string {
 /** The drivers of one harness, one per session, made on first use. */
 export class SessionDrivers {
   private readonly drivers = new Map<string, SessionDriver>();
+  private recovery: Promise<number> | null = null;
 
   constructor(private readonly core: HarnessCore) {}
 
@@ -256,6 +257,22 @@ export class SessionDrivers {
   /** Wakes the drivers that exist among `ids` (a commit touched their sessions). */
   wake(ids: Iterable<string>): void {
     for (const id of ids) this.drivers.get(id)?.wake();
+  }
+
+  /**
+   * Recovers the runs unfinished at open (`ids`), once per owner (survivors stopped, lost cells
+   * UnknownExecution): whichever command opened the database, before anything new is launched.
+   */
+  recoverAll(ids: readonly string[]): Promise<number> {
+    if (this.recovery === null) {
+      this.recovery = (async () => {
+        let n = 0;
+        for (const id of ids) n += await this.of(id).recover();
+        return n;
+      })();
+      this.recovery.catch(() => (this.recovery = null));
+    }
+    return this.recovery;
   }
 
   /** Recovers every session in `ids`, then wakes each. Resolves with the number of executions recovered. */

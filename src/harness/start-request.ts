@@ -14,6 +14,7 @@ import { randomBytes } from "node:crypto";
 import { z } from "zod";
 import type { Logger } from "pino";
 import { Budgets } from "../state/events.js";
+import { ConfigError } from "../errors.js";
 
 /** The mailbox `kind` of a start request (no outside observation may use it). */
 export const START_REQUEST_KIND = "cairn.start";
@@ -77,4 +78,18 @@ export function sameRequest(a: StartRequest, b: { goal: string; validators: read
 
 function sortBudgets(b: Budgets): Budgets {
   return { ...(b.max_rounds !== undefined ? { max_rounds: b.max_rounds } : {}), ...(b.max_tokens !== undefined ? { max_tokens: b.max_tokens } : {}), ...(b.max_wall_seconds !== undefined ? { max_wall_seconds: b.max_wall_seconds } : {}) };
+}
+
+/**
+ * The id of a new run: the user's (validated, and new in this database), or the next `sN`. Allocated
+ * synchronously by the caller, so concurrent starts never pick the same id.
+ */
+export function chooseSessionId(wanted: string | undefined, db: string, log: { session(id: string): unknown; projection(): { order: readonly string[] } }, allocated: number): string {
+  if (wanted !== undefined) {
+    const bad = isAssignedId(wanted) ? null : checkUserSessionId(wanted);
+    if (bad !== null) throw new ConfigError(bad);
+    if (log.session(wanted) !== undefined) throw new ConfigError(`session "${wanted}" already exists in database "${db}".`);
+    return wanted;
+  }
+  return `s${Math.max(log.projection().order.length, allocated) + 1}`;
 }

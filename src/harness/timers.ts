@@ -11,6 +11,7 @@ import { timerFiredEvents } from "../state/outcomes.js";
 import { wallDeadline } from "../state/next-step.js";
 import type { SessionProjection } from "../state/projection.js";
 import type { TimerRequest, TimerReply } from "./timer-server.js";
+import { startTimerServer, timerSocketPath } from "./timer-server.js";
 import { event, identity } from "../state/events.js";
 import type { HarnessCore } from "./core.js";
 import type { SessionContext } from "./session.js";
@@ -161,5 +162,34 @@ export class Sleeper {
   wakeAll(): void {
     for (const wake of [...this.sleepers]) wake();
     this.sleepers.clear();
+  }
+}
+
+/**
+ * A harness's timers outside the log: the socket `cairn timer` reaches from inside a cell (started at
+ * open), and the sleeps of the model round's back-off. `close` ends both.
+ */
+export class TimerHousekeeping {
+  readonly sleeper: Sleeper;
+  private server: { path: string; close(): Promise<void> } | null = null;
+
+  constructor(fns: TimerFunctions, open: () => boolean) {
+    this.sleeper = new Sleeper(fns, open);
+  }
+
+  /** Starts the timer socket of database `name` under `workDir`; requests register timers through `core`. */
+  async listen(workDir: string, name: string, core: HarnessCore): Promise<void> {
+    this.server = await startTimerServer(timerSocketPath(workDir, name), (req) => registerTimer(core, req));
+  }
+
+  /** The socket's path while it listens. */
+  socket(): string | null {
+    return this.server?.path ?? null;
+  }
+
+  async close(): Promise<void> {
+    this.sleeper.wakeAll();
+    await this.server?.close().catch(() => undefined);
+    this.server = null;
   }
 }

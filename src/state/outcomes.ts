@@ -205,3 +205,28 @@ export function sessionCreated(
 ): NewEvent {
   return event("session_created", id, identity.session(id), at, { goal: o.goal, cwd: o.cwd, validators: (o.validators ?? []).map((v) => [...v]), budgets: o.budgets ?? {} });
 }
+
+/**
+ * The first commit an owner (epoch) makes for a session also carries `owner_claimed`, right after
+ * `session_created` or before the session's first event, so the log records every change of hands
+ * without an extra commit. `known` holds the identities already in the log. Returns `events` itself
+ * when nothing is added.
+ */
+export function withOwnerClaims(events: readonly NewEvent[], known: ReadonlySet<string>, owner: EventBody<"owner_claimed">): readonly NewEvent[] {
+  const claimed = new Set<string>();
+  const out: NewEvent[] = [];
+  let added = false;
+  for (const e of events) {
+    const id = identity.owner(e.session, owner.epoch);
+    const claim = (): void => {
+      claimed.add(e.session);
+      added = true;
+      out.push(event("owner_claimed", e.session, id, e.at, { ...owner }));
+    };
+    const pending = !claimed.has(e.session) && !known.has(id);
+    if (pending && e.kind !== "session_created") claim();
+    out.push(e);
+    if (pending && e.kind === "session_created") claim();
+  }
+  return added ? out : events;
+}
