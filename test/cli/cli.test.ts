@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { cpSync } from "node:fs";
 import { join } from "node:path";
 import { execFileSync } from "node:child_process";
-import { cairn, hasStack, ROOT } from "./support.js";
+import { cairn, cairnIn, hasStack, ROOT } from "./support.js";
 import { tempDir } from "../harness/support.js";
 
 const t = tempDir("cairn-cli-");
@@ -47,7 +47,7 @@ describe("cairn run: the demo on the embedded default (sqlite)", () => {
   });
 
   it("status --json documents the run (cairn.status/1)", async () => {
-    const r = await cairn(["status", "--db", "demo", "--data-dir", join(t.dir, "data"), "--json"]);
+    const r = await cairnIn(["status", "--db", "demo", "--data-dir", join(t.dir, "data"), "--json"]);
     assert.equal(r.code, 0, r.stderr);
     const s = JSON.parse(r.stdout);
     assert.equal(s.schema, "cairn.status/1");
@@ -73,14 +73,14 @@ describe("cairn run: the demo on the embedded default (sqlite)", () => {
   });
 
   it("status without --json prints a readable summary, and one session with --session", async () => {
-    const r = await cairn(["status", "--db", "demo", "--data-dir", join(t.dir, "data"), "--session", "s1"]);
+    const r = await cairnIn(["status", "--db", "demo", "--data-dir", join(t.dir, "data"), "--session", "s1"]);
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /run s1: success/);
     assert.match(r.stdout, /cell 5 cmd \[finished: success exit 0\]/);
   });
 
   it("resume on a database whose runs all ended does nothing and exits 0", async () => {
-    const r = await cairn(["resume", "--db", "demo", "--data-dir", join(t.dir, "data"), "--model", `scripted:${join(ROOT, "examples", "fix-calc.json")}`]);
+    const r = await cairnIn(["resume", "--db", "demo", "--data-dir", join(t.dir, "data"), "--model", `scripted:${join(ROOT, "examples", "fix-calc.json")}`]);
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /nothing to resume/);
   });
@@ -118,7 +118,7 @@ describe("cairn: every bad input gets one sentence and the right exit code", () 
   ];
   for (const c of cases) {
     it(c.name, async () => {
-      const r = await cairn(c.args(), c.env ? { env: c.env } : {});
+      const r = await cairnIn(c.args(), c.env ? { env: c.env } : {});
       assert.equal(r.code, c.code, `exit code for ${c.name}: ${r.stderr}`);
       assert.match(r.stderr, c.says);
       assert.ok(!hasStack(r.stderr), `no stack trace: ${r.stderr}`);
@@ -133,26 +133,26 @@ describe("cairn: every bad input gets one sentence and the right exit code", () 
     const killed = await cairn([...demoArgs("posty", cwd).map((a) => (a === join(t.dir, "data") ? d : a))], { env: { CAIRN_CHAOS_KILL_AT: "patch:committed" } });
     assert.equal(killed.signal, "SIGKILL");
     const base = ["post", "--db", "posty", "--data-dir", d, "--session", "s1", "--kind", "ci"];
-    const forged = await cairn([...base, "--id", "execution:9", "--payload", "{}"]);
+    const forged = await cairnIn([...base, "--id", "execution:9", "--payload", "{}"]);
     assert.equal(forged.code, 2);
     assert.match(forged.stderr, /reserved for the harness/);
-    const ok = await cairn([...base, "--id", "ci-1", "--payload", '{"green":true}']);
+    const ok = await cairnIn([...base, "--id", "ci-1", "--payload", '{"green":true}']);
     assert.equal(ok.code, 0, ok.stderr);
     assert.match(ok.stdout, /posted ci-1/);
-    const resumed = await cairn(["resume", "--db", "posty", "--data-dir", d, "--model", `scripted:${join(ROOT, "examples", "fix-calc.json")}`, "--json"]);
+    const resumed = await cairnIn(["resume", "--db", "posty", "--data-dir", d, "--model", `scripted:${join(ROOT, "examples", "fix-calc.json")}`, "--json"]);
     // The extra observation changes which scripted round sees what, so the run may end either way;
     // what matters here is the delivery.
     assert.ok(resumed.code === 0 || resumed.code === 1, resumed.stderr);
     const events = resumed.stdout.trim().split("\n").map((l) => JSON.parse(l));
     const got = events.filter((e: { kind: string; body: { observation?: { id: string } } }) => e.kind === "inbox_received" && e.body.observation?.id === "ci-1");
     assert.equal(got.length, 1, "the owner moved the mailbox message into the inbox exactly once");
-    const again = await cairn([...base, "--id", "ci-1", "--payload", '{"green":true}']);
+    const again = await cairnIn([...base, "--id", "ci-1", "--payload", '{"green":true}']);
     assert.equal(again.code, 0);
     assert.match(again.stdout, /already delivered/);
-    const conflict = await cairn([...base, "--id", "ci-1", "--payload", '{"green":false}']);
+    const conflict = await cairnIn([...base, "--id", "ci-1", "--payload", '{"green":false}']);
     assert.equal(conflict.code, 2);
     assert.match(conflict.stderr, /other content/);
-    const ended = await cairn([...base, "--id", "ci-2", "--payload", "{}"]);
+    const ended = await cairnIn([...base, "--id", "ci-2", "--payload", "{}"]);
     assert.equal(ended.code, 2);
     assert.match(ended.stderr, /has ended/);
   });

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { cairn, ENTRY, hasStack } from "./support.js";
+import { cairnIn as cairn, ENTRY, hasStack } from "./support.js";
 import { tempDir } from "../harness/support.js";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

@@ -1,8 +1,11 @@
 /**
- * Runs the `cairn` CLI from source in a child process and captures its output and exit code.
+ * Runs the `cairn` CLI and captures its output and exit code: in this process through `main(argv, io)`
+ * (`cairnIn`: fast, for everything that needs no process of its own), or from source in a child
+ * process (`cairn`: the end-to-end runs, and what needs a real process: signals, a SIGKILL, a cwd).
  */
 import { spawn } from "node:child_process";
 import { join } from "node:path";
+import { main } from "../../src/cli/main.js";
 
 export const ROOT = process.cwd();
 export const ENTRY = join(ROOT, "src", "cli", "entry.ts");
@@ -33,6 +36,18 @@ export function cairn(args: string[], opts: { env?: NodeJS.ProcessEnv; cwd?: str
       resolve({ code, signal, stdout, stderr });
     });
   });
+}
+
+/**
+ * Runs `cairn ARGS` in this process (`main(argv, io)`), with `env` over this process's environment
+ * and output captured as the CLI writes it, a line at a time. Not for commands that signal or kill
+ * their own process (CAIRN_CHAOS_KILL_AT) or need another working directory: use `cairn` for those.
+ */
+export async function cairnIn(args: string[], opts: { env?: NodeJS.ProcessEnv; isTTY?: boolean } = {}): Promise<CliResult> {
+  let stdout = "";
+  let stderr = "";
+  const code = await main(args, { out: (l) => (stdout += `${l}\n`), err: (l) => (stderr += `${l}\n`), env: { ...process.env, ...opts.env }, isTTY: opts.isTTY ?? false });
+  return { code, signal: null, stdout, stderr };
 }
 
 /** True when the text holds a JavaScript stack trace. */

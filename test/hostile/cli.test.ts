@@ -1,5 +1,5 @@
 /**
- * Issue 10 through the real CLI (child processes): a file that is not a Cairn database is refused and
+ * Issue 10 through the CLI (`main` in this process, and child processes for the end-to-end cases): a file that is not a Cairn database is refused and
  * left byte-identical, flags are validated before anything is created, a 401 parks the run until the
  * key is fixed, and the CLI's failures are one sentence with the documented exit code.
  */
@@ -9,7 +9,7 @@ import { execFileSync, spawn } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { cairn as cairnCli, ENTRY, hasStack } from "../cli/support.js";
+import { cairn as cairnCli, cairnIn, ENTRY, hasStack } from "../cli/support.js";
 import { tempDir } from "../harness/support.js";
 import { errorReply, revisionOf, startProvider, stepReply } from "./provider-server.js";
 import { describeError, EXIT } from "../../src/cli/exit.js";
@@ -78,7 +78,7 @@ describe("flags are validated before anything is created", () => {
     it(`${flag} ${value.slice(0, 24)}: exit 2, one sentence, no database file`, async () => {
       const dir = join(t.dir, `flags-${flag}-${value.length}`);
       const model = script(join(t.dir, "flags.json"), [concludeAt(0)]);
-      const r = await cairn(["run", "goal", "--db", "F", "--data-dir", dir, "--model", model, `${flag}=${value}`]);
+      const r = await cairnIn(["run", "goal", "--db", "F", "--data-dir", dir, "--model", model, `${flag}=${value}`]);
       assert.equal(r.code, 2, `exit ${r.code}: ${r.stderr}`);
       oneSentence(r.stderr);
       assert.equal(existsSync(join(dir, "F.db")), false, "the database was created before the flags were checked");
@@ -90,7 +90,7 @@ describe("flags are validated before anything is created", () => {
     writeFileSync(file, "x");
     const model = script(join(t.dir, "dd.json"), [concludeAt(0)]);
     for (const args of [["run", "goal", "--db", "D", "--data-dir", file, "--model", model]]) {
-      const r = await cairn(args);
+      const r = await cairnIn(args);
       assert.equal(r.code, 2, `${args[0]}: exit ${r.code}: ${r.stderr}`);
       oneSentence(r.stderr);
     }
@@ -109,7 +109,7 @@ describe("cairn status | head", () => {
   it("a reader that goes away early ends status quietly (no EPIPE stack)", async () => {
     const dir = join(t.dir, "pipe");
     const model = script(join(t.dir, "pipe.json"), [concludeAt(0)]);
-    const r = await cairn(["run", "g".repeat(60_000), "--db", "P", "--data-dir", dir, "--model", model]);
+    const r = await cairnIn(["run", "g".repeat(60_000), "--db", "P", "--data-dir", dir, "--model", model]);
     assert.equal(r.code, 0, r.stderr);
     const out = await new Promise<{ code: number | null; stderr: string }>((resolve, reject) => {
       const child = spawn("sh", ["-c", `"${process.execPath}" --import tsx "${ENTRY}" status --db P --data-dir "${dir}" --json | head -c 10 >/dev/null; exit \${PIPESTATUS:-0}`], { stdio: ["ignore", "ignore", "pipe"] });
