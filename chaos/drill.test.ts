@@ -19,21 +19,19 @@
  */
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
-import { after, describe, it } from "node:test";
+import { describe, it } from "node:test";
 import { GenericContainer, Network, Wait, type StartedNetwork, type StartedTestContainer } from "testcontainers";
 import type { LogEvent } from "../src/state/events.js";
 import type { State } from "../src/state/schema.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { drillImages } from "./drill/image.js";
 import { startFakeOpenAI, type FakeOpenAI } from "./support/fake-openai.js";
+import { exitAfterTests } from "../test/support/exit.js";
 
 // Something of the Docker client (testcontainers/dockerode) or the image build keeps this process's
 // event loop alive after every test has ended and every container, network and connection was
 // closed: seen on a fresh clone, where the file's process never exited and the suite waited on it.
-// Once the tests are done, end the process if it has not ended by itself (the results are reported).
-after(() => {
-  setTimeout(() => process.exit(), 10_000).unref();
-});
+// Once the tests are done, the process is ended if it has not ended by itself (exitAfterTests, at the end of this file).
 
 process.env.TESTCONTAINERS_RYUK_DISABLED = "true";
 
@@ -249,3 +247,6 @@ describe("container drill: machines and zones as containers, the test as the sch
     }
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("chaos/drill.test.ts");

@@ -30,6 +30,7 @@ import { createReplicatedStorage } from "../storage-adapters/replicated/index.js
 import { firewallUnavailable, partition, type CutMode, type Partition } from "./partition/firewall.js";
 import { stageOwner, startOwner, userIds, type OwnerLine, type OwnerProcess, type StagedOwner } from "./partition/owner-process.js";
 import { OWNER_SESSION } from "./partition/protocol.js";
+import { exitAfterTests } from "../test/support/exit.js";
 
 const AT = "2025-01-02T03:04:05.678Z";
 /** A must have resolved at least this many commits before the cut, or the test proves nothing. */
@@ -250,3 +251,6 @@ describe("partition: an owner cut off from the etcd cluster is fenced by the nex
   it("drop, A's commits called behind the partition, B commits only after the heal: they still expect the head, only the epoch guard refuses them", scenario({ mode: "drop", db: "p-quiet", bFirst: false, quietCut: "resume-after-cut" }));
   it("drop, A idle: the fence reaches A by its epoch watch alone, and its next commits are refused", scenario({ mode: "drop", db: "p-idle", bFirst: true, quietCut: "resume-after-fence" }));
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("chaos/partition.test.ts");

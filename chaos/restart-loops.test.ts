@@ -23,6 +23,7 @@ import { cmdPatch, concludePatch, writeScript } from "./support/patches.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { parseLogEvent, type LogEvent } from "../src/state/events.js";
 import { untilQuiet as until } from "../test/support/wait.js";
+import { exitAfterTests } from "../test/support/exit.js";
 
 const root = mkdtempSync(join(tmpdir(), "cairn-chaos-loops-"));
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -201,3 +202,6 @@ describe("restart-always supervisors on one database", () => {
     assert.equal(await third.standby.readyz(), 503);
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("chaos/restart-loops.test.ts");

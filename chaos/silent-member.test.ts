@@ -29,6 +29,7 @@ import type { DevCluster } from "../storage-adapters/replicated/devcluster.js";
 import { firewallUnavailable } from "./partition/firewall.js";
 import { dropPorts, portOf } from "./zones/drop.js";
 import { until } from "../test/support/wait.js";
+import { exitAfterTests } from "../test/support/exit.js";
 
 const unavailable = process.env.CI ? (firewallUnavailable() && assert.fail(`the silent-member test cannot run in CI: ${firewallUnavailable()}`)) : firewallUnavailable();
 
@@ -276,3 +277,6 @@ describe("silent members: commits route around them", { skip: unavailable ?? fal
     }
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("chaos/silent-member.test.ts");

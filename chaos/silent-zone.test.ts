@@ -30,6 +30,7 @@ import { stageForOtherUser } from "./partition/stage.js";
 import { cmdPatch, concludePatch, resolvePatch, writeScript } from "./support/patches.js";
 import { portOf } from "./zones/drop.js";
 import { until } from "../test/support/wait.js";
+import { exitAfterTests } from "../test/support/exit.js";
 
 const REPO = fileURLToPath(new URL("../", import.meta.url));
 const unavailable = process.env.CI ? (firewallUnavailable() && assert.fail(`the silent-zone test cannot run in CI: ${firewallUnavailable()}`)) : firewallUnavailable();
@@ -231,3 +232,6 @@ describe("a silent zone: lease, self-fencing and failover", { skip: unavailable 
     tc.diagnostic(`zone loss (owner SIGKILLed + its zone's member SIGSTOPped): ${timings.join("; ")}`);
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("chaos/silent-zone.test.ts");

@@ -9,6 +9,7 @@ import type { Storage } from "../../src/storage/contract.js";
 import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import { grantDatabaseAccess } from "../../storage-adapters/replicated/roles.js";
 import { captureLogger, devCluster, ev, tempDir } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
 
 describe("replicated adapter with etcd auth", () => {
   let dc: Awaited<ReturnType<typeof devCluster>>;
@@ -85,3 +86,6 @@ describe("replicated adapter with etcd auth", () => {
     }
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/replicated/auth.test.ts");

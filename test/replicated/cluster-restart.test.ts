@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { Etcd3 } from "etcd3";
 import { main, type Io } from "../../src/cli/main.js";
 import { tempDir } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
 
 function io(): Io & { text: () => string } {
   const lines: string[] = [];
@@ -68,3 +69,6 @@ describe("cairn cluster down, up, stop, start on one directory", () => {
     }
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/replicated/cluster-restart.test.ts");

@@ -11,6 +11,7 @@ import type { Storage } from "../../src/storage/contract.js";
 import { MAX_BATCH_BYTES, MAX_BATCH_EVENTS, createReplicatedStorage, type ReplicatedStats } from "../../storage-adapters/replicated/index.js";
 import { AT, devCluster, ev, tempDir } from "./helpers.js";
 import { event } from "../../src/state/events.js";
+import { exitAfterTests } from "../support/exit.js";
 
 describe("replicated commits", () => {
   let dc: Awaited<ReturnType<typeof devCluster>>;
@@ -156,3 +157,6 @@ describe("replicated commits", () => {
     await db.close();
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/replicated/commit.test.ts");

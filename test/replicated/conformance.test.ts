@@ -10,6 +10,7 @@ import type { FaultHook, Storage } from "../../src/storage/contract.js";
 import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import { conformance } from "../../src/storage/conformance/index.js";
 import { devCluster, tempDir } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
 
 const MODULE = fileURLToPath(new URL("../../storage-adapters/replicated/index.ts", import.meta.url));
 
@@ -44,3 +45,6 @@ conformance(
   },
   { persists: true },
 );
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/replicated/conformance.test.ts");

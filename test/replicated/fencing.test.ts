@@ -13,6 +13,7 @@ import type { Database, DatabaseSignal, Storage } from "../../src/storage/contra
 import { createReplicatedStorage, localCopyPath } from "../../storage-adapters/replicated/index.js";
 import { chainHash } from "../../storage-adapters/replicated/layout.js";
 import { captureLogger, devCluster, ev, tempDir } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
 
 async function eventually(done: () => boolean, what: string, ms = 120_000): Promise<void> {
   const deadline = Date.now() + ms;
@@ -180,3 +181,6 @@ describe("replicated ownership and local copy", () => {
     await db.close();
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/replicated/fencing.test.ts");

@@ -11,6 +11,7 @@ import { after, before, describe, it } from "node:test";
 import type { CommitReceipt, Storage } from "../../src/storage/contract.js";
 import { createReplicatedStorage, type ReplicatedStats } from "../../storage-adapters/replicated/index.js";
 import { captureLogger, devCluster, ev, stillPending, tempDir } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
 
 /** A bound so a broken adapter fails the test instead of hanging it (not a speed assertion). */
 function bounded<T>(p: Promise<T>, what: string, ms = 90_000): Promise<T> {
@@ -142,3 +143,6 @@ describe("replicated adapter under member loss", () => {
     await fresh.close();
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/replicated/members.test.ts");

@@ -15,6 +15,7 @@ import type { Storage } from "../../src/storage/contract.js";
 import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import { makeTestCerts, type TestCerts } from "./certs.js";
 import { devCluster, ev, tempDir } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
 
 const SCRIPT = fileURLToPath(new URL("../../deploy/etcd/roles.sh", import.meta.url));
 
@@ -151,3 +152,6 @@ describe("deploy/etcd/roles.sh with etcdctl", () => {
     for (const line of lines) for (const pw of Object.values(passwords)) assert.ok(!line.includes(pw), line);
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/replicated/roles-script.test.ts");

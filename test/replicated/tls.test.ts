@@ -12,6 +12,7 @@ import type { Storage } from "../../src/storage/contract.js";
 import { createReplicatedStorage, type ReplicatedOptions } from "../../storage-adapters/replicated/index.js";
 import { makeTestCerts, type TestCerts } from "./certs.js";
 import { captureLogger, devCluster, ev, tempDir } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
 
 /** Each refusal must come back well within this (a hang fails the test instead of the file timing out). */
 const REFUSAL_TIMEOUT_MS = 20_000;
@@ -118,3 +119,6 @@ describe("replicated adapter over TLS with client certificates", () => {
     }
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/replicated/tls.test.ts");

@@ -10,6 +10,7 @@ import { classifyEtcdError, mapEtcdError } from "../../storage-adapters/replicat
 import { checkMembers } from "../../storage-adapters/replicated/open.js";
 import { resolveOptions } from "../../storage-adapters/replicated/options.js";
 import { captureLogger } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
 
 describe("replicated options", () => {
   it("takes endpoints and credentials from the environment, with defaults", () => {
@@ -101,3 +102,6 @@ describe("etcd error mapping", () => {
     assert.equal(mapEtcdError(new Error("something else"), ctx).code, "internal");
   });
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/replicated/unit.test.ts");

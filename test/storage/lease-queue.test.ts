@@ -15,6 +15,7 @@ import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import { REPO } from "../../chaos/support/cli.js";
 import { devCluster, tempDir } from "../replicated/helpers.js";
+import { exitAfterTests } from "../support/exit.js";
 
 const me = (role: string): OwnerInfo => ({ host: hostname(), pid: process.pid, since: new Date().toISOString(), epoch: null, role });
 
@@ -145,3 +146,6 @@ suite("replicated", async () => {
     },
   };
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/storage/lease-queue.test.ts");
