@@ -184,7 +184,12 @@ describe("container drill: machines and zones as containers, the test as the sch
         }
         const oldJob = job;
         job = startJob(other, "resume");
-        await until(`the first cell on machine-${other + 1} after the ${kind}`, async () => ((await readLog()).some((e) => e.seq > head0 && e.kind === "execution_started") ? true : undefined));
+        // The new owner's first cell: started on the other machine (the lost one may have started a
+        // cell between the read of head0 and the fault).
+        const otherHost = docker("inspect", "-f", "{{.Config.Hostname}}", machines[other]!.getId());
+        await until(`the first cell on machine-${other + 1} after the ${kind}`, async () =>
+          (await readLog()).some((e) => e.seq > head0 && e.kind === "execution_started" && (e.body as { host: string }).host === otherHost) ? true : undefined,
+        );
         failovers.push(Date.now() - t);
         log(`drill: ${kind} of machine-${owner + 1}: first new cell on machine-${other + 1} after ${Date.now() - t} ms`);
         // The lost machine returns, as standby: the scheduler starts nothing there.
