@@ -117,3 +117,22 @@ export function envName(flag: string): string {
   if (flag === "etcd") return "CAIRN_ETCD_ENDPOINTS";
   return `CAIRN_${flag.toUpperCase().replace(/-/g, "_")}`;
 }
+
+/**
+ * Closes an owner's harness, then releases its owner lease. A harness that already stopped (fenced,
+ * or its liveness lease lost while cut off) has stopped its cells: the two then go at once, so that a
+ * cut-off owner does not spend the owner lease's bounded release after the harness's close before it
+ * can exit.
+ */
+export async function closeOwner(h: { readonly status: string; close(): Promise<void> } | null, lease: HeldLease | "no-leases" | null): Promise<void> {
+  const release = async () => {
+    if (lease !== null && lease !== "no-leases") await lease.release();
+  };
+  if (h === null) return release();
+  if (h.status === "open") {
+    await h.close();
+    await release();
+  } else {
+    await Promise.all([h.close(), release()]);
+  }
+}

@@ -16,7 +16,7 @@ import type { Io } from "./main.js";
 import { followProgress } from "./progress.js";
 import { chaosFaults } from "./chaos.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP, type StorageChoice } from "./storage.js";
-import { describeHolder, takeLease } from "./owner.js";
+import { closeOwner, describeHolder, takeLease } from "./owner.js";
 import { assignedSubmitId, checkUserSessionId, sameRequest, START_REQUEST_KIND, StartRequest, startRequestId } from "../harness/start-request.js";
 import { Reducer } from "../state/reducer.js";
 import { parseLogEvent, type LogEvent } from "../state/events.js";
@@ -309,8 +309,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
     process.off("SIGINT", onSignal);
     process.off("SIGTERM", onSignal);
     unfollow();
-    if (h !== null) await h.close();
-    if (lease !== null && lease !== "no-leases") await lease.release();
+    await closeOwner(h, lease);
     await model.close?.().catch(() => undefined);
     await storage.close().catch(() => undefined);
   }

@@ -20,7 +20,7 @@ import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 import { makeLogger, makeModel } from "./run.js";
 import { chaosFaults } from "./chaos.js";
-import { describeHolder, envName, fillFromEnv, takeLease } from "./owner.js";
+import { closeOwner, describeHolder, envName, fillFromEnv, takeLease } from "./owner.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 import { createTimelineHandler } from "../ui/server.js";
 import { hasCode } from "../errors.js";
@@ -254,8 +254,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     process.off("SIGTERM", onSig);
     process.off("SIGINT", onSig);
     setState("stopping", "stopping");
-    if (h !== null) await h.close();
-    if (lease !== null && lease !== "no-leases") await lease.release();
+    await closeOwner(h, lease);
     await page.close();
     await server.close();
     await model.close?.().catch(() => undefined);

@@ -268,7 +268,7 @@ export class Harness {
       // close does not wait for it beyond a moment.
       await Promise.race([
         this.chain.catch(() => undefined),
-        new Promise<void>((resolve) => setTimeout(resolve, 2000).unref()),
+        new Promise<void>((resolve) => setTimeout(resolve, 250).unref()),
       ]);
     }
     await this.db.close().catch(() => undefined);

@@ -223,7 +223,12 @@ export class ReplicatedDatabase implements Database {
     if (this.closed) return;
     this.closed = true;
     this.listeners.clear();
-    await this.pipeline.shutdown();
+    // A commit in flight is waited for, unless this handle is fenced or its lease lost: then its
+    // outcome no longer matters here (the next owner reads the truth), and it may be waiting for a
+    // quorum this process cannot reach.
+    const shutdown = this.pipeline.shutdown();
+    if (this.fencedBy === null && !this.lease.isLost()) await shutdown;
+    else void shutdown.catch(() => undefined);
     // Bounded: a silent member is not waited for (watch.ts, lease.ts).
     await Promise.all(this.watchers.map((w) => w.cancel().catch(() => undefined)));
     await this.lease.release();

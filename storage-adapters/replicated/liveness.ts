@@ -181,6 +181,11 @@ export class ReplicatedLease implements OwnershipLease {
     return this.lost === null && !this.released && !this.stopped;
   }
 
+  /** Whether renewals stopped being confirmed (the owner is cut off, or its renewals go unanswered). */
+  isLost(): boolean {
+    return this.lost !== null;
+  }
+
   previousGone(): Promise<void> {
     this.previous ??= this.waitPrevious();
     return this.previous;
@@ -223,6 +228,8 @@ export class ReplicatedLease implements OwnershipLease {
     this.halt();
     if (this.lostTimer) clearTimeout(this.lostTimer);
     this.lostTimer = null;
+    // Lost: renewals went unconfirmed, so the cluster is out of reach and the lease runs out by itself.
+    if (this.lost !== null) return;
     try {
       await this.ctx.router.call((client) => client.leaseClient.leaseRevoke({ ID: this.id }), Math.min(this.ctx.opts.commitTimeoutMs, this.ttlMs));
     } catch {
