@@ -142,7 +142,7 @@ export function makeModel(p: Parsed, command: string, env: NodeJS.ProcessEnv): M
 }
 
 /** Harness limits from flags (`--model-retry-budget`). */
-function modelLimits(p: Parsed, command: string): { modelRetryBudgetMs?: number } {
+export function modelLimits(p: Parsed, command: string): { modelRetryBudgetMs?: number } {
   const budget = str(p, "model-retry-budget");
   return budget === undefined ? {} : { modelRetryBudgetMs: Math.ceil(durationSeconds(command, "model-retry-budget", budget) * 1000) };
 }

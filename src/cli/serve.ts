@@ -18,7 +18,7 @@ import type { HeldLease, LeaseView } from "../storage/contract.js";
 import { durationSeconds, flag, parse, str, UsageError } from "./args.js";
 import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
-import { makeLogger, makeModel } from "./run.js";
+import { makeLogger, makeModel, modelLimits } from "./run.js";
 import { chaosFaults } from "./chaos.js";
 import { closeOwner, describeHolder, envName, fillFromEnv, takeLease } from "./owner.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
@@ -29,6 +29,9 @@ export const SERVE_FLAGS = {
   ...STORAGE_FLAGS,
   model: { type: "string" },
   "base-url": { type: "string" },
+  "model-timeout": { type: "string" },
+  "model-retry-budget": { type: "string" },
+  "max-output-tokens": { type: "string" },
   listen: { type: "string" },
   "log-level": { type: "string" },
   cwd: { type: "string" },
@@ -50,6 +53,8 @@ Fenced by an explicit takeover elsewhere: /readyz 503 for --fenced-linger, then 
 ${STORAGE_HELP}
   --model SPEC            as for cairn run (the model of every run this worker drives)
   --base-url URL          the provider's base URL
+  --model-timeout, --model-retry-budget, --max-output-tokens   as for cairn run (a spent retry
+                          budget parks the run as blocked; a restart or \`cairn resume\` continues it)
   --listen HOST:PORT      default 127.0.0.1:9464 (port 0 picks a free one)
   --cwd DIR               where submitted runs execute (default: the current directory)
   --create                create the database when it does not exist (otherwise that is exit 2)
@@ -103,6 +108,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   const logger = makeLogger(p, "info");
   const faults = chaosFaults(io.env);
   const model = makeModel(p, "serve", io.env);
+  const limits = modelLimits(p, "serve");
   let choice;
   try {
     choice = await chooseStorage(p, "serve", io.env, logger);
@@ -202,7 +208,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     }
     const held = lease;
     try {
-      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, logger, metrics, create, submitCwd: cwd, ...(faults ? { faults } : {}) });
+      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, logger, metrics, create, submitCwd: cwd, limits, ...(faults ? { faults } : {}) });
     } catch (err) {
       if (held !== "no-leases") await held.release();
       lease = null;
