@@ -74,6 +74,17 @@ describe("cairn serve start-up order", () => {
     // A bad flag from the environment is refused the same way.
     const e = io({ CAIRN_LISTEN: "nowhere", CAIRN_TAKEOVER: "maybe" });
     assert.equal(await main(["serve", ...common], e), 2);
+    // The model flags serve shares with run, on the command line and from the environment.
+    for (const [args, env, says] of [
+      [["--model-timeout", "soon"], {}, /--model-timeout expects a duration/],
+      [["--model-retry-budget", "forever"], {}, /--model-retry-budget expects a duration/],
+      [[], { CAIRN_MAX_OUTPUT_TOKENS: "-3" }, /--max-output-tokens expects a positive whole number/],
+    ] as const) {
+      const m = io(env);
+      assert.equal(await main(["serve", ...common, "--listen", "127.0.0.1:0", ...args], m), 2, m.errText());
+      assert.match(m.errText(), says);
+      assert.equal(m.errText().split("\n").length, 1);
+    }
     assert.equal(epochOf(data, "w1"), before, "no failed serve claimed the database");
   });
 });
