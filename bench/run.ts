@@ -8,6 +8,7 @@ import { runRecoveryBench } from "./recovery.js";
 import { runEtcdBench } from "./etcd.js";
 import { runIdleBench } from "./idle.js";
 import { runSilentBench } from "./silent.js";
+import { runRoundsBench } from "./rounds.js";
 
 const all: Record<string, () => Promise<void>> = {
   sqlite: () => runSqliteBench(),
@@ -16,6 +17,7 @@ const all: Record<string, () => Promise<void>> = {
   etcd: () => runEtcdBench(),
   idle: () => runIdleBench({ seconds: 30 }),
   silent: () => runSilentBench(),
+  rounds: () => runRoundsBench(),
 };
 const wanted = process.argv.slice(2);
 for (const name of wanted) if (!(name in all)) throw new Error(`unknown benchmark "${name}"; choose from ${Object.keys(all).join(", ")}`);

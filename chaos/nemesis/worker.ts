@@ -85,6 +85,8 @@ function recording(storage: Storage, hist: HistoryWriter, cfg: WorkerConfig): St
         }
       },
       head: () => db.head(),
+      writeSnapshot: (seq, data) => db.writeSnapshot(seq, data),
+      latestSnapshot: () => db.latestSnapshot(),
       drain: () => db.drain(),
       ack: (upTo) => db.ack(upTo),
       watch: (listener) =>

@@ -22,6 +22,8 @@ export function tagBatches(storage: Storage, onBatch: (events: readonly NewEvent
       return db.commit(events);
     },
     head: () => db.head(),
+    writeSnapshot: (seq, data) => db.writeSnapshot(seq, data),
+    latestSnapshot: () => db.latestSnapshot(),
     drain: () => db.drain(),
     ack: (upTo) => db.ack(upTo),
     watch: (listener) => db.watch(listener),

@@ -4,6 +4,7 @@
  */
 import { parseLogEvent } from "../state/events.js";
 import { Reducer } from "../state/reducer.js";
+import { loadProjection } from "../storage/snapshots.js";
 import { checkOutsideObservation, OutsideObservation, payloadProblem } from "../harness/observations.js";
 import { flag, parse, required, UsageError } from "./args.js";
 import type { Storage } from "../storage/contract.js";
@@ -54,13 +55,9 @@ export async function postCommand(argv: readonly string[], io: Io): Promise<numb
   try {
     // Check what can be checked without ownership: the run exists, the id is not forged or in conflict.
     const reader = await choice.storage.reader(name);
-    const r = new Reducer();
+    let r;
     try {
-      for (;;) {
-        const batch = await reader.read(r.headSeq, 5000);
-        if (batch.length === 0) break;
-        r.apply(batch.map((e) => parseLogEvent(e)));
-      }
+      r = await loadProjection(reader);
     } finally {
       await reader.close().catch(() => undefined);
     }

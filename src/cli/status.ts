@@ -1,8 +1,7 @@
 /**
  * `cairn status`: what a database holds, read without taking ownership (it never disturbs the owner).
  */
-import { parseLogEvent } from "../state/events.js";
-import { Reducer } from "../state/reducer.js";
+import { loadProjection } from "../storage/snapshots.js";
 import { summarize, type Inspection } from "../harness/inspect.js";
 import { flag, parse, str, UsageError } from "./args.js";
 import { EXIT } from "./exit.js";
@@ -38,16 +37,11 @@ export async function statusCommand(argv: readonly string[], io: Io): Promise<nu
   }
 }
 
-/** Folds the whole log through a reader (no ownership taken). */
+/** Loads the projection through a reader (latest snapshot plus the events after it; no ownership taken). */
 export async function readInspection(storage: Storage, name: string, session?: string): Promise<Inspection> {
   const reader = await storage.reader(name);
   try {
-    const r = new Reducer();
-    for (;;) {
-      const batch = await reader.read(r.headSeq, 5000);
-      if (batch.length === 0) break;
-      r.apply(batch.map((e) => parseLogEvent(e)));
-    }
+    const r = await loadProjection(reader);
     if (session !== undefined && r.session(session) === undefined) {
       throw new UsageError(`session "${session}" does not exist in database "${name}" (it has ${r.projection().order.join(", ") || "no sessions"}).`);
     }

@@ -1,24 +1,12 @@
 /**
- * Folding the log into the owner's projection: all of it at open, page by page, and each batch this
- * owner commits, from its receipt (read back from storage when the receipt is not contiguous with what
- * was folded: the truth is read, never guessed).
+ * Folding into the owner's projection each batch this owner commits, from its receipt (read back from
+ * storage when the receipt is not contiguous with what was folded: the truth is read, never guessed).
+ * Opening loads the latest snapshot plus the tail instead (loadProjection, src/storage/snapshots.ts).
  */
 import type { LogEvent, NewEvent } from "../state/events.js";
 import { parseLogEvent } from "../state/events.js";
 import type { Reducer } from "../state/reducer.js";
 import type { CommitReceipt, Database } from "../storage/contract.js";
-
-const PAGE = 5000;
-
-/** Folds every event of `db` after the reducer's head. */
-export async function foldLog(db: Database, reducer: Reducer): Promise<void> {
-  for (;;) {
-    const batch = await db.read(reducer.headSeq, PAGE);
-    if (batch.length === 0) return;
-    reducer.apply(batch.map((e) => parseLogEvent(e)));
-    if (batch.length < PAGE) return;
-  }
-}
 
 /** Folds a batch this owner committed (`receipt`), and returns what was logged. */
 export async function foldCommitted(db: Database, reducer: Reducer, events: readonly NewEvent[], receipt: CommitReceipt): Promise<LogEvent[]> {

@@ -20,6 +20,8 @@ import { sessionCreated, withOwnerClaims } from "../state/outcomes.js";
 import type { SessionProjection } from "../state/projection.js";
 import { Reducer } from "../state/reducer.js";
 import type { Database, DatabaseSignal, DatabaseStats, Storage } from "../storage/contract.js";
+import { loadProjection, type SnapshotPolicy } from "../storage/snapshots.js";
+import { Snapshotter } from "./snapshotter.js";
 import { ResetError, StorageFailure } from "../storage/errors.js";
 import { CairnError, ConfigError, hasCode } from "../errors.js";
 import type { Model } from "../model/contract.js";
@@ -39,12 +41,13 @@ import { TimerHousekeeping } from "./timers.js";
 import { defaultWorld, type HarnessWorld } from "./world.js";
 import type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
 import { Listeners } from "./listeners.js";
-import { foldCommitted, foldLog } from "./fold.js";
+import { foldCommitted } from "./fold.js";
 
 export type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
 
 export class Harness {
-  private readonly reducer = new Reducer();
+  private reducer = new Reducer();
+  private readonly snapshotter: Snapshotter;
   private readonly drivers: SessionDrivers;
   private chain: Promise<unknown> = Promise.resolve();
   private statusValue: HarnessStatus = "open";
@@ -70,7 +73,9 @@ export class Harness {
     limits: HarnessLimits,
     workDir: string,
     faults: HarnessFaults | null,
+    snapshots: Partial<SnapshotPolicy> | false | undefined,
   ) {
+    this.snapshotter = new Snapshotter(db, logger, snapshots);
     const scriptDir = join(workDir, "scripts", name);
     mkdirSync(scriptDir, { recursive: true, mode: 0o700 });
     this.core = createCore(
@@ -111,9 +116,9 @@ export class Harness {
       await db.close().catch(() => undefined);
       throw err;
     }
-    const h = new Harness(db, options.storage, options.name, options.model, world, logger.child({ db: options.name, epoch: db.epoch, host: world.host }), options.metrics ?? null, limits, workDir, options.faults ?? null);
+    const h = new Harness(db, options.storage, options.name, options.model, world, logger.child({ db: options.name, epoch: db.epoch, host: world.host }), options.metrics ?? null, limits, workDir, options.faults ?? null, options.snapshots);
     try {
-      await foldLog(db, h.reducer);
+      h.reducer = await loadProjection(db);
       h.unwatch = db.watch((signal) => h.onSignal(signal));
       guardLease(h, db, h.logger);
       await h.timers.listen(workDir, options.name, h.core);
@@ -260,14 +265,14 @@ export class Harness {
     this.statusValue = "closed";
     await this.shutdown("shutdown");
     if (wasOpen) this.emitStop();
-    if (wasOpen) await this.chain.catch(() => undefined);
+    if (wasOpen) await Promise.all([this.chain.catch(() => undefined), this.snapshotter.settled()]);
     else {
       // Already stopped (fenced, poisoned, or the ownership lease lost while cut off from the
-      // storage): a commit still in flight may wait for a quorum this process cannot reach
-      // (--on-outage wait). Its outcome no longer matters here (the next owner reads the truth), so
-      // close does not wait for it beyond a moment.
+      // storage): a commit or snapshot write still in flight may wait for a quorum this process
+      // cannot reach (--on-outage wait). Its outcome no longer matters here (the next owner reads the
+      // truth), so close does not wait for it beyond a moment.
       await Promise.race([
-        this.chain.catch(() => undefined),
+        Promise.all([this.chain.catch(() => undefined), this.snapshotter.settled()]),
         new Promise<void>((resolve) => setTimeout(resolve, 250).unref()),
       ]);
     }
@@ -287,11 +292,12 @@ export class Harness {
       this.assertOpen();
       const t0 = performance.now();
       const w = this.core.world;
-      const events = withOwnerClaims(caller, this.reducer.projection().identities, { epoch: this.db.epoch, host: w.host, boot_id: w.bootId, pid: process.pid });
+      const events = withOwnerClaims(caller, (id) => this.reducer.folded(id), { epoch: this.db.epoch, host: w.host, boot_id: w.bootId, pid: process.pid });
       try {
         const receipt = await this.db.commit(events);
         this.metrics?.commit(this.storage.adapter, "ok", (performance.now() - t0) / 1000, events.length);
         const logged = await foldCommitted(this.db, this.reducer, events, receipt);
+        this.snapshotter.afterCommit(logged, this.reducer.projection());
         this.afterCommit(logged);
         return events === caller ? logged : logged.filter((e) => e.kind !== "owner_claimed");
       } catch (err) {

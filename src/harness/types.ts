@@ -4,6 +4,7 @@
 import type { Logger } from "pino";
 import type { Budgets } from "../state/events.js";
 import type { Storage } from "../storage/contract.js";
+import type { SnapshotPolicy } from "../storage/snapshots.js";
 import type { Model } from "../model/contract.js";
 import type { Metrics } from "../observability/metrics.js";
 import type { HarnessFaults } from "./core.js";
@@ -27,6 +28,8 @@ export interface HarnessOpenOptions {
   readonly faults?: HarnessFaults;
   /** Where runs submitted through the mailbox (start-request.ts) run (default: the current directory). */
   readonly submitCwd?: string;
+  /** When to write projection snapshots (default DEFAULT_SNAPSHOT_POLICY); false: never. */
+  readonly snapshots?: Partial<SnapshotPolicy> | false;
 }
 
 export interface StartOptions {

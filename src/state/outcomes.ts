@@ -209,10 +209,11 @@ export function sessionCreated(
 /**
  * The first commit an owner (epoch) makes for a session also carries `owner_claimed`, right after
  * `session_created` or before the session's first event, so the log records every change of hands
- * without an extra commit. `known` holds the identities already in the log. Returns `events` itself
- * when nothing is added.
+ * without an extra commit. `folded` says whether an identity was folded by the owner's reducer: enough,
+ * since this epoch began at open, after any snapshot that reducer was restored from, so every claim
+ * this owner committed was folded by it. Returns `events` itself when nothing is added.
  */
-export function withOwnerClaims(events: readonly NewEvent[], known: ReadonlySet<string>, owner: EventBody<"owner_claimed">): readonly NewEvent[] {
+export function withOwnerClaims(events: readonly NewEvent[], folded: (identity: string) => boolean, owner: EventBody<"owner_claimed">): readonly NewEvent[] {
   const claimed = new Set<string>();
   const out: NewEvent[] = [];
   let added = false;
@@ -223,7 +224,7 @@ export function withOwnerClaims(events: readonly NewEvent[], known: ReadonlySet<
       added = true;
       out.push(event("owner_claimed", e.session, id, e.at, { ...owner }));
     };
-    const pending = !claimed.has(e.session) && !known.has(id);
+    const pending = !claimed.has(e.session) && !folded(id);
     if (pending && e.kind !== "session_created") claim();
     out.push(e);
     if (pending && e.kind === "session_created") claim();

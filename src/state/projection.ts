@@ -10,7 +10,23 @@ import type { Cell, ExecutionPhase, ExecutionResult, Observation, RuntimeCell, S
 /** How much of an execution's output State shows the model (the tail). The full output is in the log. */
 export const OUTPUT_TAIL_CHARS = 4000;
 
-const utf8 = new TextEncoder();
+/** UTF-8 length of a string, without encoding it (lone surrogates count 3, as TextEncoder's U+FFFD). */
+export function utf8Length(text: string): number {
+  let n = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c < 0x80) n += 1;
+    else if (c < 0x800) n += 2;
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < text.length) {
+      const d = text.charCodeAt(i + 1);
+      if (d >= 0xdc00 && d <= 0xdfff) {
+        n += 4;
+        i++;
+      } else n += 3;
+    } else n += 3;
+  }
+  return n;
+}
 
 /** The process identity recorded when a launch was authorized. */
 export interface ProcessIdentity {
@@ -136,8 +152,6 @@ export interface Projection {
   readonly sessions: ReadonlyMap<string, SessionProjection>;
   /** Session ids in creation order. */
   readonly order: readonly string[];
-  /** Every identity in the log (what the storage also enforces). */
-  readonly identities: ReadonlySet<string>;
 }
 
 /** The phases of every execution, keyed by cell id. */
@@ -158,8 +172,10 @@ export function runtimeCellOf(ex: ExecutionRecord): RuntimeCell {
   if (ex.result !== null) out.result = ex.result;
   if (ex.phase === "finished") out.exit_code = ex.exit_code;
   if (ex.output_tail.length > 0) out.output = ex.output_tail;
-  // Compare bytes with bytes: output_bytes counts UTF-8 bytes, the tail is characters.
-  if (ex.dropped_bytes > 0 || (ex.output_bytes > ex.output_tail.length && utf8.encode(ex.output_tail).length < ex.output_bytes)) out.truncated = true;
+  // Compare bytes with bytes: output_bytes counts UTF-8 bytes, the tail is UTF-16 units (at most 3
+  // UTF-8 bytes each), so only a tail that might hold every byte needs counting, without encoding it.
+  const tailUnits = ex.output_tail.length;
+  if (ex.dropped_bytes > 0 || ex.output_bytes > 3 * tailUnits || (ex.output_bytes > tailUnits && utf8Length(ex.output_tail) < ex.output_bytes)) out.truncated = true;
   if (ex.unknown !== null) out.unknown = ex.unknown;
   if (ex.resolved_by !== null) out.resolved_by = ex.resolved_by;
   return out;

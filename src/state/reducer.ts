@@ -9,7 +9,7 @@
 import { applyAccepted } from "./admission.js";
 import type { LogEvent } from "./events.js";
 import type { ExecutionRecord, Projection, SessionProjection, TurnRecord } from "./projection.js";
-import { OUTPUT_TAIL_CHARS, queuedExecution, runtimeCellOf, runtimeCellsView } from "./projection.js";
+import { OUTPUT_TAIL_CHARS, queuedExecution, runtimeCellOf, runtimeCellsView, utf8Length } from "./projection.js";
 import type { Cell, Observation, State } from "./schema.js";
 import { initialState } from "./schema.js";
 
@@ -47,6 +47,7 @@ export class Reducer {
   private head = 0;
   private readonly sessions = new Map<string, SessionWork>();
   private readonly order: string[] = [];
+  /** Identities folded by this instance (a cheap corruption check; the storage enforces uniqueness). */
   private readonly identities = new Set<string>();
 
   /** Folds `events` (in seq order, each after the current head). */
@@ -56,7 +57,34 @@ export class Reducer {
 
   /** The current projection. Maps are live views: copy before holding across `apply` calls. */
   projection(): Projection {
-    return { head: this.head, sessions: this.sessions as ReadonlyMap<string, SessionProjection>, order: this.order, identities: this.identities };
+    return { head: this.head, sessions: this.sessions as ReadonlyMap<string, SessionProjection>, order: this.order };
+  }
+
+  /**
+   * A reducer that continues from a snapshot's projection (see snapshot.ts, which validates it):
+   * folding the events after `projection.head` gives what folding the whole log gives. The caller
+   * hands over the collections; they must not be used elsewhere afterwards.
+   */
+  static restore(projection: Projection): Reducer {
+    const r = new Reducer();
+    r.head = projection.head;
+    for (const id of projection.order) {
+      const s = projection.sessions.get(id);
+      if (s === undefined) throw new LogCorrupt(`snapshot lists session ${id} in its order but does not hold it`);
+      r.sessions.set(id, s as SessionWork);
+      r.order.push(id);
+    }
+    if (r.sessions.size !== projection.sessions.size) throw new LogCorrupt("snapshot holds sessions its order does not list");
+    return r;
+  }
+
+  /**
+   * True when an event with `identity` was folded by THIS instance (since its snapshot, when restored
+   * from one). Enough to know what the current owner already committed: its epoch began after the
+   * snapshot it opened from. The storage, not this, enforces uniqueness over the whole log.
+   */
+  folded(identity: string): boolean {
+    return this.identities.has(identity);
   }
 
   session(id: string): SessionProjection | undefined {
@@ -307,24 +335,6 @@ function withRuntime(state: State, patch: Partial<State["runtime"]>): State {
 function refreshOne(s: SessionWork, cellId: number): void {
   const ex = s.executions.get(cellId)!;
   s.state = withRuntime(s.state, { cells: { ...s.state.runtime.cells, [String(cellId)]: runtimeCellOf(ex) } });
-}
-
-/** UTF-8 length of a string, without encoding it. */
-function utf8Length(text: string): number {
-  let n = 0;
-  for (let i = 0; i < text.length; i++) {
-    const c = text.charCodeAt(i);
-    if (c < 0x80) n += 1;
-    else if (c < 0x800) n += 2;
-    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < text.length) {
-      const d = text.charCodeAt(i + 1);
-      if (d >= 0xdc00 && d <= 0xdfff) {
-        n += 4;
-        i++;
-      } else n += 3;
-    } else n += 3;
-  }
-  return n;
 }
 
 function refreshView(s: SessionWork): void {

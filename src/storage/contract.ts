@@ -83,6 +83,16 @@ export interface OwnershipLease {
   release(): Promise<void>;
 }
 
+/**
+ * A projection snapshot as stored: the log position it covers (`seq`: the events 1..seq are folded
+ * into it) and its text (opaque to the storage; see src/state/snapshot.ts). Adapters store a digest
+ * with it and check it on read, so a damaged snapshot is reported (StorageFailure), never returned.
+ */
+export interface StoredSnapshot {
+  readonly seq: number;
+  readonly data: string;
+}
+
 /** An owned database: the only handle that may append. */
 export interface Database {
   readonly name: string;
@@ -105,6 +115,18 @@ export interface Database {
 
   /** The highest committed seq (0 for an empty log). Fenced and poisoned handles throw. */
   head(): Promise<number>;
+
+  /**
+   * Stores `data`, the projection of the events 1..seq, as the latest snapshot, atomically (a crash
+   * leaves the previous snapshot in place). `seq` must be a committed seq (1..head), not below the
+   * latest snapshot's (else StorageRejected `invalid`). Snapshots never change the log's meaning;
+   * an adapter may then drop log entries before `seq` from replicated storage (the replicated
+   * adapter does, after this resolves; its local copy keeps them). Owner only: fenced handles throw.
+   */
+  writeSnapshot(seq: number, data: string): Promise<void>;
+
+  /** The latest snapshot, or null when none was written. Throws StorageFailure when it is damaged. */
+  latestSnapshot(): Promise<StoredSnapshot | null>;
 
   /** Mailbox messages not yet acknowledged, in post order. Fenced handles throw. */
   drain(): Promise<PostedMessage[]>;
@@ -135,6 +157,8 @@ export interface Reader {
   head(): Promise<number>;
   /** Mailbox messages not yet acknowledged by the owner, in post order (read only; optional). */
   pending?(): Promise<PostedMessage[]>;
+  /** As `Database.latestSnapshot`. */
+  latestSnapshot(): Promise<StoredSnapshot | null>;
   close(): Promise<void>;
 }
 

@@ -34,7 +34,11 @@ export class ResetError extends CairnError {
   }
 }
 
-export type RejectedReason = "duplicate_identity" | "too_large" | "backlog_full" | "invalid" | "not_found" | "conflict";
+/**
+ * `compacted`: a read asked for events that replicated storage dropped after a snapshot (and this
+ * machine's copy does not hold); start from `latestSnapshot()` and read after its seq.
+ */
+export type RejectedReason = "duplicate_identity" | "too_large" | "backlog_full" | "invalid" | "not_found" | "conflict" | "compacted";
 
 /** Nothing became durable; the caller may retry later (or, for `duplicate_identity`, read the log). */
 export class StorageRejected extends CairnError {

@@ -8,4 +8,5 @@ export * from "./contract.js";
 export * from "./errors.js";
 export * from "./handle.js";
 export * from "./semantics.js";
+export * from "./snapshots.js";
 export type { LogEvent, NewEvent } from "../state/events.js";

@@ -17,7 +17,9 @@ import {
   type PostedMessage,
   type Reader,
   type Storage,
+  type StoredSnapshot,
 } from "../../src/storage/contract.js";
+import { checkSnapshotWrite, snapshotDigest, verifiedSnapshot } from "../../src/storage/snapshots.js";
 import { DatabaseNotFound } from "../../src/storage/errors.js";
 import { closedHandle, guardHandle, Watchers } from "../../src/storage/handle.js";
 import {
@@ -50,6 +52,13 @@ interface Stored {
   mailbox: { mseq: number; message: MailboxMessage }[];
   nextMseq: number;
   readonly handles: Set<MemoryDatabase>;
+  /** The latest snapshot with the digest taken when it was written. */
+  snapshot: { seq: number; data: string; digest: string } | null;
+}
+
+function latestOf(stored: Stored): StoredSnapshot | null {
+  const s = stored.snapshot;
+  return s === null ? null : verifiedSnapshot(stored.name, s.seq, s.data, s.digest);
 }
 
 /**
@@ -69,7 +78,7 @@ export function createMemoryStorage(options: MemoryStorageOptions = {}): Storage
       let stored = databases.get(name);
       if (stored === undefined) {
         if (openOptions.create === false) throw new DatabaseNotFound(name);
-        stored = { name, epoch: 0, events: [], identities: new Set(), mailbox: [], nextMseq: 1, handles: new Set() };
+        stored = { name, epoch: 0, events: [], identities: new Set(), mailbox: [], nextMseq: 1, handles: new Set(), snapshot: null };
         databases.set(name, stored);
       }
       stored.epoch += 1;
@@ -170,6 +179,17 @@ class MemoryDatabase implements Database {
     return this.stored.events.length;
   }
 
+  async writeSnapshot(seq: number, data: string): Promise<void> {
+    this.guard();
+    checkSnapshotWrite(this.name, seq, data, this.stored.events.length, this.stored.snapshot?.seq ?? 0);
+    this.stored.snapshot = { seq, data, digest: snapshotDigest(data) };
+  }
+
+  async latestSnapshot(): Promise<StoredSnapshot | null> {
+    this.guard();
+    return latestOf(this.stored);
+  }
+
   async drain(): Promise<PostedMessage[]> {
     this.guard();
     return this.stored.mailbox.map((m) => ({ ...(JSON.parse(JSON.stringify(m.message)) as MailboxMessage), mseq: m.mseq }));
@@ -236,6 +256,11 @@ class MemoryReader implements Reader {
   async pending(): Promise<PostedMessage[]> {
     this.guard();
     return this.stored.mailbox.map((m) => ({ ...(JSON.parse(JSON.stringify(m.message)) as MailboxMessage), mseq: m.mseq }));
+  }
+
+  async latestSnapshot(): Promise<StoredSnapshot | null> {
+    this.guard();
+    return latestOf(this.stored);
   }
 
   async close(): Promise<void> {

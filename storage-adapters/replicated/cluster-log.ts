@@ -4,7 +4,9 @@
  */
 import { CairnError } from "../../src/errors.js";
 import { parseLogEvent, type LogEvent } from "../../src/state/events.js";
+import { StorageRejected } from "../../src/storage/errors.js";
 import type { Context } from "./context.js";
+import { readPointer } from "./snapshots.js";
 import { chainHash, decodeBatch, type BatchRecord, type Keys } from "./layout.js";
 import { splitEvents } from "./local-copy.js";
 import { get, kvsOf, prefixEnd, range, valueOf } from "./ops.js";
@@ -80,6 +82,13 @@ export async function batchStartOf(ctx: Context, keys: Keys, seq: number): Promi
 export async function readFromCluster(ctx: Context, keys: Keys, afterSeq: number, limit: number | undefined): Promise<LogEvent[]> {
   const { head } = await readEpochHead(ctx, keys);
   if (afterSeq >= head || limit === 0) return [];
+  const cut = (await readPointer(ctx, keys)).pointer?.cut ?? 0;
+  if (afterSeq < cut) {
+    throw new StorageRejected(
+      "compacted",
+      `events up to seq ${cut} of "${keys.prefix}" were dropped from the cluster after a snapshot; read from seq ${cut} on, starting from latestSnapshot() (the owner's local copy or an archive keeps the full history).`,
+    );
+  }
   const start = await batchStartOf(ctx, keys, afterSeq + 1);
   if (start === null) throw new CairnError("internal", `the cluster's log of "${keys.prefix}" has no batch holding seq ${afterSeq + 1}`);
   const out: LogEvent[] = [];

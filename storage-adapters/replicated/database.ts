@@ -7,7 +7,8 @@
  * claims the database. Commits go through `CommitPipeline` (commit-pipeline.ts).
  */
 import type { LogEvent, NewEvent } from "../../src/state/events.js";
-import type { CommitReceipt, Database, DatabaseSignal, DatabaseStats, MailboxMessage, PostedMessage } from "../../src/storage/contract.js";
+import type { CommitReceipt, Database, DatabaseSignal, DatabaseStats, MailboxMessage, PostedMessage, StoredSnapshot } from "../../src/storage/contract.js";
+import { readSnapshot, writeSnapshot } from "./snapshots.js";
 import { ResetError, StorageFailure } from "../../src/storage/errors.js";
 import { guardHandle, Watchers } from "../../src/storage/handle.js";
 import { checkAckBound, checkRange } from "../../src/storage/semantics.js";
@@ -145,6 +146,31 @@ export class ReplicatedDatabase implements Database {
     return this.ownedHead("read the head of");
   }
 
+  /**
+   * Writes the snapshot (chunks, identity segment, pointer: snapshots.ts), then compacts etcd: the
+   * batches and identity keys up to the cut are deleted in bounded transactions. The local copy
+   * keeps them. Resolves once the pointer names the snapshot and compaction ran.
+   */
+  async writeSnapshot(seq: number, data: string): Promise<void> {
+    this.guard();
+    const head = await this.ownedHead("write a snapshot of");
+    try {
+      await writeSnapshot(this.ctx, { name: this.name, epoch: this.epoch, keys: this.keys, copy: this.copy, fenced: (current) => this.fenceError(current) }, seq, data, head);
+    } catch (err) {
+      throw this.ctx.fail(err, "write a snapshot of", this.name);
+    }
+  }
+
+  async latestSnapshot(): Promise<StoredSnapshot | null> {
+    this.guard();
+    await this.ownedHead("read the snapshot of");
+    try {
+      return await readSnapshot(this.ctx, this.keys, this.name);
+    } catch (err) {
+      throw this.ctx.fail(err, "read the snapshot of", this.name);
+    }
+  }
+
   async drain(): Promise<PostedMessage[]> {
     this.guard();
     let res;
@@ -250,9 +276,14 @@ export class ReplicatedDatabase implements Database {
 
   /** Marks the handle fenced by the epoch the cluster holds (a string from etcd, or null) and throws. */
   private fencedNow(current: string | null): never {
+    throw this.fenceError(current);
+  }
+
+  /** Marks the handle fenced by the epoch the cluster holds and returns the error to throw. */
+  private fenceError(current: string | null): ResetError {
     const epoch = current === null ? null : Number(current);
     this.markFenced(epoch);
-    throw ResetError.fenced(this.name, this.epoch, epoch);
+    return ResetError.fenced(this.name, this.epoch, epoch);
   }
 
   private markFenced(epoch: number | null): void {

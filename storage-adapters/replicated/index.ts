@@ -9,9 +9,10 @@
  */
 import { readFileSync } from "node:fs";
 import type { IOptions } from "etcd3";
-import { ConfigError } from "../../src/errors.js";
+import { CairnError, ConfigError } from "../../src/errors.js";
 import type { LogEvent } from "../../src/state/events.js";
-import type { Database, MailboxMessage, OpenOptions, PostedMessage, Reader, Storage } from "../../src/storage/contract.js";
+import type { Database, MailboxMessage, OpenOptions, PostedMessage, Reader, Storage, StoredSnapshot } from "../../src/storage/contract.js";
+import { readSnapshot } from "./snapshots.js";
 import { DatabaseNotFound, ResetError } from "../../src/storage/errors.js";
 import { closedHandle } from "../../src/storage/handle.js";
 import { checkRange, isValidDatabaseName } from "../../src/storage/semantics.js";
@@ -120,6 +121,7 @@ export function createReplicatedStorage(options: ReplicatedOptions): Storage {
           try {
             return await readFromCluster(ctx, keys, afterSeq, limit);
           } catch (err) {
+            if (err instanceof CairnError) throw err;
             throw ctx.fail(err, "read", name);
           }
         },
@@ -141,6 +143,15 @@ export function createReplicatedStorage(options: ReplicatedOptions): Storage {
             }));
           } catch (err) {
             throw ctx.fail(err, "read the mailbox of", name);
+          }
+        },
+        async latestSnapshot(): Promise<StoredSnapshot | null> {
+          guard();
+          try {
+            return await readSnapshot(ctx, keys, name);
+          } catch (err) {
+            if (err instanceof CairnError) throw err;
+            throw ctx.fail(err, "read the snapshot of", name);
           }
         },
         async close(): Promise<void> {

@@ -17,6 +17,32 @@
  *   cairn/db/<name>/liveness              the owner's liveness lease (JSON: epoch, lease id, host, pid, and the
  *                                         earlier owners' leases it has not yet seen gone), attached
  *                                         to that etcd lease: gone when the lease expires or is revoked.
+ *   cairn/db/<name>/snap                  the latest snapshot's pointer (JSON: seq, digest, chunks,
+ *                                         cut, cutHash); written last, in one txn guarded by the epoch.
+ *   cairn/db/<name>/snapdata/<seq>/<i>    the snapshot text, in chunks of at most 1 MiB.
+ *   cairn/db/<name>/idarch/<from>/<part>  the identities of the events in (previous cut, cut], sorted,
+ *                                         newline-joined, gzipped: one segment per compaction.
+ *
+ * Snapshots and a bounded footprint (snapshots.ts). After a snapshot at seq S, `cut` is the end of the
+ * last whole batch at or before S. Compaction then deletes, in transactions of bounded size, each
+ * guarded by the epoch: the batch records before `cut`, the identity keys whose seq is <= `cut`, and
+ * the previous snapshot's chunks. What stays in etcd is the tail after `cut`, its identity keys, the
+ * latest snapshot, and the gzipped identity segments.
+ *
+ * Why duplicate refusal stays exact although identity keys are deleted:
+ *  1. An identity of an event after `cut` still has its key, and every commit compares that key
+ *     absent in etcd itself: exact against any owner, including one that just took over.
+ *  2. An identity of an event at or before `cut` is in exactly one identity segment, written (and its
+ *     write acknowledged) BEFORE any identity key it replaces is deleted: at every instant each
+ *     identity is in etcd as a key, in a segment, or both.
+ *  3. Only the owner commits, and it checks every identity against its local copy first: the events
+ *     it holds (full history when the copy kept up; everything after the base when it was rebuilt)
+ *     plus, when rebuilt from a snapshot, every segment (loaded at open, checked in memory). Identities
+ *     after the local copy's head are covered by (1) because the copy is caught up to the head at open
+ *     and every later commit goes through this owner.
+ *  So "already in the log" is decided exactly; only its storage moved from one key per identity (the
+ *  unbounded part: about 60 bytes of key and revision per event) to about 3-4 bytes per identity in
+ *  compressed segments. The number of identity KEYS stays bounded by the snapshot interval.
  *
  * A commit is ONE etcd transaction: compare epoch == mine AND head == expected AND every identity
  * key absent; then put the batch record(s), the identity keys and the new head.
@@ -60,6 +86,11 @@ export function keysOf(name: string) {
     mail: (mseq: number) => `${base}mail/${pad(mseq)}`,
     mailId: (id: string) => `${base}mailid/${id}`,
     liveness: `${base}liveness`,
+    snap: `${base}snap`,
+    snapData: (seq: number) => `${base}snapdata/${pad(seq)}/`,
+    snapDataPrefix: `${base}snapdata/`,
+    idArchPrefix: `${base}idarch/`,
+    idArch: (from: number, part: number) => `${base}idarch/${pad(from)}/${String(part).padStart(6, "0")}`,
   } as const;
 }
 export type Keys = ReturnType<typeof keysOf>;

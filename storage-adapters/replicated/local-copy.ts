@@ -6,11 +6,19 @@
  * Tables: `batches(first, last, epoch, token, hash)` and `events(seq, identity UNIQUE, json)`; a
  * batch's events JSON is `[` + the events' json joined by `,` + `]`, exactly the bytes the cluster's
  * record holds, so the hash chain can be recomputed locally.
+ *
+ * A copy rebuilt after the cluster dropped its older entries (a snapshot and compaction) starts at a
+ * base: `meta` holds `base_seq` and `base_hash` (the chain hash at that seq), and `idarch` holds the
+ * gzipped identity segments of the events before it, so duplicate refusal stays exact (layout.ts).
+ * Reads before the base are refused as `compacted`. A copy that kept up holds the full history.
  */
 import Database from "better-sqlite3";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { parseLogEvent, type LogEvent, type NewEvent } from "../../src/state/events.js";
+import { gunzipSync } from "node:zlib";
+import type { LogEvent, NewEvent } from "../../src/state/events.js";
+import { StorageRejected } from "../../src/storage/errors.js";
+import { ownEvent } from "../../src/storage/snapshots.js";
 import { GENESIS_HASH, chainHash, type BatchRecord } from "./layout.js";
 
 /** The path of the local copy of database `name` under `dataDir`. */
@@ -42,6 +50,9 @@ export class LocalCopy {
     insertEvent: Database.Statement;
   };
 
+  private baseCache: { seq: number; hash: string } | null = null;
+  private archive: Set<string> | null = null;
+
   /** Opens (creating when missing) the local copy at `path`. */
   constructor(readonly path: string) {
     mkdirSync(join(path, ".."), { recursive: true });
@@ -52,6 +63,8 @@ export class LocalCopy {
     this.db.exec(`
       CREATE TABLE IF NOT EXISTS batches (first INTEGER PRIMARY KEY, last INTEGER NOT NULL, epoch INTEGER NOT NULL, token TEXT NOT NULL, hash TEXT NOT NULL);
       CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, identity TEXT NOT NULL UNIQUE, json TEXT NOT NULL);
+      CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+      CREATE TABLE IF NOT EXISTS idarch (key TEXT PRIMARY KEY, gz BLOB NOT NULL);
     `);
     this.stmt = {
       head: this.db.prepare("SELECT MAX(seq) AS h FROM events"),
@@ -61,15 +74,57 @@ export class LocalCopy {
     };
   }
 
-  /** The highest seq held locally (0 when empty). */
+  /** The highest seq held locally (the base when it holds no event after it; 0 when empty). */
   head(): number {
     const row = this.stmt.head.get() as { h: number | null };
-    return row.h ?? 0;
+    return row.h ?? this.base().seq;
+  }
+
+  /** Where the copy starts: events 1..seq are not held (0 and GENESIS_HASH for a full copy). */
+  base(): { seq: number; hash: string } {
+    if (this.baseCache === null) {
+      const rows = this.db.prepare("SELECT key, value FROM meta WHERE key IN ('base_seq', 'base_hash')").all() as { key: string; value: string }[];
+      const m = new Map(rows.map((r) => [r.key, r.value]));
+      this.baseCache = { seq: Number(m.get("base_seq") ?? "0"), hash: m.get("base_hash") ?? GENESIS_HASH };
+    }
+    return this.baseCache;
   }
 
   /** The last batch held locally, or null. */
   lastBatch(): LocalBatch | null {
     return (this.db.prepare("SELECT first, last, hash FROM batches ORDER BY first DESC LIMIT 1").get() as LocalBatch | undefined) ?? null;
+  }
+
+  /** The chain hash at the local head (the base's hash when no batch follows it). */
+  tipHash(): string {
+    return this.lastBatch()?.hash ?? this.base().hash;
+  }
+
+  /** The last whole batch ending at or before `seq` (null when none is held). */
+  batchEndingBy(seq: number): LocalBatch | null {
+    return (this.db.prepare("SELECT first, last, hash FROM batches WHERE last <= ? ORDER BY last DESC LIMIT 1").get(seq) as LocalBatch | undefined) ?? null;
+  }
+
+  /** Identities of the events with from < seq <= to, sorted (for an identity segment). */
+  identitiesIn(from: number, to: number): string[] {
+    return (this.db.prepare("SELECT identity FROM events WHERE seq > ? AND seq <= ? ORDER BY identity").pluck().all(from, to) as string[]);
+  }
+
+  /**
+   * Empties the copy and makes it start after `seq` (chain hash `hash`), holding the identity
+   * segments `segments` (key -> gzipped, newline-joined identities) of everything before it.
+   */
+  rebase(seq: number, hash: string, segments: readonly { key: string; gz: Buffer }[]): void {
+    this.db.transaction(() => {
+      this.db.exec("DELETE FROM events; DELETE FROM batches; DELETE FROM idarch;");
+      const put = this.db.prepare("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)");
+      put.run("base_seq", String(seq));
+      put.run("base_hash", hash);
+      const seg = this.db.prepare("INSERT INTO idarch (key, gz) VALUES (?, ?)");
+      for (const s of segments) seg.run(s.key, s.gz);
+    })();
+    this.baseCache = null;
+    this.archive = null;
   }
 
   /**
@@ -79,8 +134,9 @@ export class LocalCopy {
   verify(): string | null {
     const batches = this.db.prepare("SELECT first, last, hash FROM batches ORDER BY first").iterate() as Iterable<LocalBatch>;
     const eventsOf = this.db.prepare("SELECT seq, json FROM events WHERE seq BETWEEN ? AND ? ORDER BY seq");
-    let prev = GENESIS_HASH;
-    let expectFirst = 1;
+    const base = this.base();
+    let prev = base.hash;
+    let expectFirst = base.seq + 1;
     let count = 0;
     for (const b of batches) {
       if (b.first !== expectFirst || b.last < b.first) return `batch at seq ${b.first} does not follow seq ${expectFirst - 1}`;
@@ -100,6 +156,7 @@ export class LocalCopy {
   /** The hash of the batch ending right before `first` (GENESIS for the first batch). */
   hashBefore(first: number): string {
     if (first === 1) return GENESIS_HASH;
+    if (first === this.base().seq + 1) return this.base().hash;
     const row = this.db.prepare("SELECT hash FROM batches WHERE last = ?").get(first - 1) as { hash: string } | undefined;
     if (!row) throw new Error(`the local copy has no batch ending at seq ${first - 1}`);
     return row.hash;
@@ -126,30 +183,63 @@ export class LocalCopy {
     })();
   }
 
-  /** Of `identities`, those already in the local copy. */
+  /** Of `identities`, those already in the log: in the local copy, or in the identity segments before its base. */
   existing(identities: readonly string[]): string[] {
-    return identities.filter((id) => this.stmt.hasIdentity.get(id) !== undefined);
+    const archive = this.base().seq > 0 ? this.archived() : null;
+    return identities.filter((id) => this.stmt.hasIdentity.get(id) !== undefined || archive?.has(id) === true);
   }
 
-  /** Events with seq > afterSeq, in order, at most `limit`; validated as they are read. */
+  /** The identities before the base, loaded once from the segments (exact, in memory). */
+  private archived(): ReadonlySet<string> {
+    if (this.archive === null) {
+      const set = new Set<string>();
+      for (const row of this.db.prepare("SELECT gz FROM idarch").iterate() as Iterable<{ gz: Buffer }>) {
+        const text = gunzipSync(row.gz).toString("utf8");
+        if (text !== "") for (const id of text.split("\n")) set.add(id);
+      }
+      this.archive = set;
+    }
+    return this.archive;
+  }
+
+  /**
+   * Events with seq > afterSeq, in order, at most `limit`. Decoded without zod: every event was
+   * validated before its commit, and the copy's hash chain is verified when it is opened. A read
+   * before the base throws StorageRejected `compacted`.
+   */
   read(afterSeq: number, limit: number | undefined): LogEvent[] {
+    const base = this.base().seq;
+    if (afterSeq < base && (limit === undefined || limit > 0)) {
+      throw new StorageRejected(
+        "compacted",
+        `events up to seq ${base} were dropped from the cluster after a snapshot and this machine's copy was rebuilt without them; read from seq ${base} on, starting from latestSnapshot() (the full history is in the copy of a machine that kept up, or in an archive).`,
+      );
+    }
     const rows = (
       limit === undefined
         ? this.db.prepare("SELECT seq, json FROM events WHERE seq > ? ORDER BY seq").all(afterSeq)
         : this.db.prepare("SELECT seq, json FROM events WHERE seq > ? ORDER BY seq LIMIT ?").all(afterSeq, limit)
     ) as { seq: number; json: string }[];
-    return rows.map((r) => parseLogEvent({ ...(JSON.parse(r.json) as NewEvent), seq: r.seq }));
+    return rows.map((r) => decodeOwnJson(r.seq, r.json));
   }
 
   /** Empties the copy (in place, so other connections to the file stay valid). */
   discard(): void {
     this.db.transaction(() => {
-      this.db.exec("DELETE FROM events; DELETE FROM batches;");
+      this.db.exec("DELETE FROM events; DELETE FROM batches; DELETE FROM idarch; DELETE FROM meta;");
     })();
+    this.baseCache = null;
+    this.archive = null;
   }
 
   /** Closes the file. Idempotent. */
   close(): void {
     if (this.db.open) this.db.close();
   }
+}
+
+/** Decodes one event's JSON as this adapter wrote it (validated before its commit): shape checks, no zod. */
+export function decodeOwnJson(seq: number, json: string): LogEvent {
+  const e = JSON.parse(json) as NewEvent;
+  return ownEvent(seq, e.identity, e.kind, e.session, e.at, e.body);
 }

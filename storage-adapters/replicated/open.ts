@@ -13,6 +13,7 @@ import { GENESIS_HASH, checkDatabaseName, decodeBatch, keysOf, type Keys } from 
 import { LocalCopy, localCopyPath } from "./local-copy.js";
 import { ReplicatedLease, grantLease, parseOwner, type LeaseRef, type OwnerRecord } from "./liveness.js";
 import { absent, get, put, putWithLease, valueIs, valueOf } from "./ops.js";
+import { readPointer, readSegments } from "./snapshots.js";
 
 /** The current owner record (null when none: released, expired, or never written). */
 async function peekOwner(ctx: Context, keys: Keys): Promise<OwnerRecord | null> {
@@ -115,23 +116,39 @@ async function syncCopy(ctx: Context, keys: Keys, name: string, copy: LocalCopy,
   } catch (err) {
     problem = `the local copy cannot be read (${(err as Error).message})`;
   }
+  // After a snapshot the cluster holds the batches after `cut` only (snapshots.ts).
+  const { pointer } = await readPointer(ctx, keys);
+  const cut = pointer?.cut ?? 0;
   const localHead = copy.head();
   if (problem === null && localHead > head) problem = `the local copy reaches seq ${localHead}, past the cluster's head ${head}`;
   const last = copy.lastBatch();
+  let behind = false;
   if (problem === null && last !== null) {
-    const res = await ctx.txn([], [get(keys.log(last.first))]);
-    const value = valueOf(res.responses, 0);
-    const cluster = value === null ? null : decodeBatch(keys.log(last.first), value);
-    if (cluster === null || cluster.header.hash !== last.hash || cluster.header.last !== last.last) {
-      problem = `the local batch at seq ${last.first} is not the cluster's`;
+    if (last.last < cut) behind = true;
+    else if (last.last === cut) {
+      if (last.hash !== pointer!.cutHash) problem = `the local batch at seq ${last.first} is not the cluster's`;
+    } else {
+      const res = await ctx.txn([], [get(keys.log(last.first))]);
+      const value = valueOf(res.responses, 0);
+      const cluster = value === null ? null : decodeBatch(keys.log(last.first), value);
+      if (cluster === null || cluster.header.hash !== last.hash || cluster.header.last !== last.last) {
+        problem = `the local batch at seq ${last.first} is not the cluster's`;
+      }
     }
   }
+  if (problem === null && last === null && localHead < cut) behind = true;
   if (problem !== null) {
     ctx.log.warn({ db: name, path: copy.path, problem }, "local copy diverged from the cluster: discarding it and rebuilding from the cluster");
     copy.discard();
   }
+  if (cut > 0 && (problem !== null || behind)) {
+    // The cluster no longer holds the batches before the cut: start the copy there, with the
+    // identity segments of everything before it (exact duplicate refusal, layout.ts).
+    if (behind) ctx.log.warn({ db: name, path: copy.path, localHead, cut }, "local copy ends before the cluster's compacted entries: rebuilding it from the latest snapshot (its older history stays only in archives)");
+    copy.rebase(cut, pointer!.cutHash, await readSegments(ctx, keys));
+  }
   const from = copy.head();
-  const prevHash = from === 0 ? GENESIS_HASH : copy.lastBatch()!.hash;
+  const prevHash = from === 0 ? GENESIS_HASH : copy.tipHash();
   if (from < head) {
     const hash = await forEachBatch(ctx, keys, from + 1, head, prevHash, (records) => copy.append(records));
     ctx.log.info({ db: name, from, to: head }, from === 0 ? "local copy rebuilt from the cluster" : "local copy caught up with the cluster");

@@ -27,7 +27,13 @@ CREATE TABLE IF NOT EXISTS events (
   kind TEXT NOT NULL,
   session TEXT NOT NULL,
   at TEXT NOT NULL,
-  body TEXT NOT NULL
+  body TEXT NOT NULL,
+  crc INTEGER
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+  seq INTEGER PRIMARY KEY,
+  digest TEXT NOT NULL,
+  data TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS owner (
   id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -156,6 +162,8 @@ export function claimOwnership(conn: Connection, path: string, leaseMs: number):
   conn.exec("BEGIN IMMEDIATE");
   try {
     conn.exec(SCHEMA);
+    // Files written before per-row CRCs: add the column (old rows keep NULL and are validated fully).
+    if (!hasCrcColumn(conn)) conn.exec("ALTER TABLE events ADD COLUMN crc INTEGER");
     const version = conn.prepare("SELECT value FROM meta WHERE key = 'schema_version'").pluck().get();
     if (version !== SCHEMA_VERSION) {
       throw unusable(`${path}: schema version ${String(version)} is not the supported version ${SCHEMA_VERSION}; use a matching Cairn release.`);
@@ -169,4 +177,14 @@ export function claimOwnership(conn: Connection, path: string, leaseMs: number):
     if (conn.inTransaction) conn.exec("ROLLBACK");
     throw err;
   }
+}
+
+/** True when the events table has the `crc` column (files created or opened by this release). */
+export function hasCrcColumn(conn: Connection): boolean {
+  return (conn.prepare("PRAGMA table_info(events)").all() as { name: string }[]).some((c) => c.name === "crc");
+}
+
+/** True when the file has the snapshots table (created by the first owner open of this release). */
+export function hasSnapshotTable(conn: Connection): boolean {
+  return conn.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'snapshots'").get() !== undefined;
 }

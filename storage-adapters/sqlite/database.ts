@@ -3,7 +3,7 @@
  * (BEGIN IMMEDIATE for writes), so a handle fenced by another process writes nothing; `watch` polls
  * cheaply (PRAGMA data_version, then the owner row and the mailbox) to notice a fence without a commit.
  */
-import { parseLogEvent, type LogEvent, type NewEvent } from "../../src/state/events.js";
+import type { LogEvent, NewEvent } from "../../src/state/events.js";
 import type {
   CommitReceipt,
   Database,
@@ -11,12 +11,14 @@ import type {
   DatabaseStats,
   FaultHook,
   PostedMessage,
+  StoredSnapshot,
 } from "../../src/storage/contract.js";
+import { checkSnapshotWrite, decodeOwnEvent, decodeValidated, eventCrc, snapshotDigest, verifiedSnapshot } from "../../src/storage/snapshots.js";
 import { ResetError, StorageFailure } from "../../src/storage/errors.js";
 import { guardHandle, Watchers } from "../../src/storage/handle.js";
 import { checkAckBound, checkRange, duplicateIdentity, lostAcknowledgement, prepareBatch } from "../../src/storage/semantics.js";
 import type BetterSqlite3 from "better-sqlite3";
-import type { Connection } from "./connection.js";
+import { hasCrcColumn, hasSnapshotTable, type Connection } from "./connection.js";
 import type { SqliteLease } from "./liveness.js";
 import { mapSqliteError, type SqlitePhase } from "./errors.js";
 
@@ -29,6 +31,16 @@ interface EventRow {
   session: string;
   at: string;
   body: string;
+  crc: number | null;
+}
+
+/** How reads decode rows: "integrity" (CRC check, no zod; the default) or "full" (zod on every row). */
+export type ReadValidation = "integrity" | "full";
+
+interface SnapshotRow {
+  seq: number;
+  digest: string;
+  data: string;
 }
 
 interface MailRow {
@@ -49,28 +61,51 @@ export class Statements {
   readonly epoch: Statement<[], number>;
   readonly read: Statement<[number, number], EventRow>;
   readonly head: Statement<[], number>;
+  private snapshotStmt: Statement<[], SnapshotRow> | null = null;
 
-  constructor(readonly conn: Connection) {
+  constructor(
+    readonly conn: Connection,
+    private readonly validation: ReadValidation = "integrity",
+  ) {
     this.begin = conn.prepare<[]>("BEGIN");
     this.beginImmediate = conn.prepare<[]>("BEGIN IMMEDIATE");
     this.commit = conn.prepare<[]>("COMMIT");
     this.rollback = conn.prepare<[]>("ROLLBACK");
     this.epoch = conn.prepare<[], number>("SELECT epoch FROM owner WHERE id = 1").pluck();
-    this.read = conn.prepare<[number, number], EventRow>("SELECT seq, identity, kind, session, at, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?");
+    // A reader of a file no owner of this release opened yet has no crc column: NULL means "validate fully".
+    const crc = hasCrcColumn(conn) ? "crc" : "NULL AS crc";
+    this.read = conn.prepare<[number, number], EventRow>(`SELECT seq, identity, kind, session, at, body, ${crc} FROM events WHERE seq > ? ORDER BY seq LIMIT ?`);
     this.head = conn.prepare<[], number>("SELECT COALESCE(MAX(seq), 0) FROM events").pluck();
   }
 
-  /** Reads and validates events; a row that is not a valid event is reported, never returned. */
+  /**
+   * Reads events. A row with a CRC is checked against it and decoded without zod (it was validated
+   * before it was written); a row without one, or every row with validation "full", is parsed with
+   * zod. A row that fails either is reported (StorageFailure), never returned.
+   */
   readEvents(name: string, afterSeq: number, limit: number | undefined): LogEvent[] {
     checkRange(afterSeq, limit);
     const rows = this.read.all(afterSeq, limit === undefined ? -1 : limit);
+    const full = this.validation === "full";
     return rows.map((row) => {
+      const { seq, identity, kind, session, at, body, crc } = row;
       try {
-        return parseLogEvent({ ...row, body: JSON.parse(row.body) as unknown });
+        if (crc !== null && crc !== eventCrc(identity, kind, session, at, body)) throw new Error("the row does not match its CRC");
+        return crc === null || full ? decodeValidated(seq, identity, kind, session, at, body) : decodeOwnEvent(seq, identity, kind, session, at, body);
       } catch (cause) {
         throw new StorageFailure(`database "${name}": the stored event at seq ${row.seq} is not a valid event; the file was altered or damaged.`, { cause });
       }
     });
+  }
+
+  /** The latest snapshot (its digest checked), or null; null too for a file without the table yet. */
+  latestSnapshot(name: string): StoredSnapshot | null {
+    if (this.snapshotStmt === null) {
+      if (!hasSnapshotTable(this.conn)) return null;
+      this.snapshotStmt = this.conn.prepare<[], SnapshotRow>("SELECT seq, digest, data FROM snapshots ORDER BY seq DESC LIMIT 1");
+    }
+    const row = this.snapshotStmt.get();
+    return row === undefined ? null : verifiedSnapshot(name, row.seq, row.data, row.digest);
   }
 
   /** Rolls back an open transaction, ignoring errors (the connection may already have rolled back). */
@@ -90,6 +125,8 @@ export class SqliteDatabase implements Database {
   private readonly s: Statements;
   private readonly hasIdentity;
   private readonly insert;
+  private readonly putSnapshot;
+  private readonly dropSnapshots;
   private readonly drainRows;
   private readonly ackRows;
   private readonly maxMseq;
@@ -112,11 +149,14 @@ export class SqliteDatabase implements Database {
     private readonly onClose: () => void,
     /** The owner's heartbeat lease (lease.ts). */
     readonly lease: SqliteLease,
+    validation: ReadValidation = "integrity",
   ) {
     this.epoch = epoch;
-    this.s = new Statements(conn);
+    this.s = new Statements(conn, validation);
     this.hasIdentity = conn.prepare<[string], number>("SELECT 1 FROM events WHERE identity = ?").pluck();
-    this.insert = conn.prepare<[string, string, string, string, string]>("INSERT INTO events (identity, kind, session, at, body) VALUES (?, ?, ?, ?, ?)");
+    this.insert = conn.prepare<[string, string, string, string, string, number]>("INSERT INTO events (identity, kind, session, at, body, crc) VALUES (?, ?, ?, ?, ?, ?)");
+    this.putSnapshot = conn.prepare<[number, string, string]>("INSERT OR REPLACE INTO snapshots (seq, digest, data) VALUES (?, ?, ?)");
+    this.dropSnapshots = conn.prepare<[number]>("DELETE FROM snapshots WHERE seq < ?");
     this.drainRows = conn.prepare<[], MailRow>("SELECT mseq, id, session, kind, payload, at FROM mailbox ORDER BY mseq");
     this.ackRows = conn.prepare<[number]>("DELETE FROM mailbox WHERE mseq <= ?");
     this.maxMseq = conn.prepare<[], number>("SELECT COALESCE(MAX(mseq), 0) FROM mailbox").pluck();
@@ -137,7 +177,8 @@ export class SqliteDatabase implements Database {
       let firstSeq = 0;
       let lastSeq = 0;
       for (const e of batch) {
-        lastSeq = Number(this.insert.run(e.identity, e.kind, e.session, e.at, JSON.stringify(e.body)).lastInsertRowid);
+        const body = JSON.stringify(e.body);
+        lastSeq = Number(this.insert.run(e.identity, e.kind, e.session, e.at, body, eventCrc(e.identity, e.kind, e.session, e.at, body)).lastInsertRowid);
         if (firstSeq === 0) firstSeq = lastSeq;
       }
       return { firstSeq, lastSeq };
@@ -155,6 +196,19 @@ export class SqliteDatabase implements Database {
 
   async head(): Promise<number> {
     return this.transact("read", "head", () => this.s.head.get() ?? 0);
+  }
+
+  async writeSnapshot(seq: number, data: string): Promise<void> {
+    this.transact("write", "writeSnapshot", () => {
+      checkSnapshotWrite(this.name, seq, data, this.s.head.get() ?? 0, this.s.latestSnapshot(this.name)?.seq ?? 0);
+      // One row per database: the new snapshot replaces the older ones in the same transaction.
+      this.putSnapshot.run(seq, snapshotDigest(data), data);
+      this.dropSnapshots.run(seq);
+    });
+  }
+
+  async latestSnapshot(): Promise<StoredSnapshot | null> {
+    return this.transact("read", "latestSnapshot", () => this.s.latestSnapshot(this.name));
   }
 
   async drain(): Promise<PostedMessage[]> {

@@ -17,13 +17,14 @@ import {
   type PostedMessage,
   type Reader,
   type Storage,
+  type StoredSnapshot,
 } from "../../src/storage/contract.js";
 import { DatabaseNotFound } from "../../src/storage/errors.js";
 import { closedHandle } from "../../src/storage/handle.js";
 import { checkDatabaseName, isValidDatabaseName, mailboxFull, messageConflict, prepareMessage, sameMessage } from "../../src/storage/semantics.js";
 import { claimOwnership, createDatabaseFile, openReadOnly, openWritable, SCHEMA_VERSION, type Connection } from "./connection.js";
 import { assertCairnFile } from "./format.js";
-import { SqliteDatabase, Statements } from "./database.js";
+import { SqliteDatabase, Statements, type ReadValidation } from "./database.js";
 import { mapSqliteError, sqliteCode } from "./errors.js";
 import { sqliteLeases } from "./lease.js";
 import { DEFAULT_LEASE_MS as DEFAULT_LIVENESS_MS, SqliteLease, endFrozenOwner } from "./liveness.js";
@@ -40,6 +41,11 @@ export interface SqliteStorageOptions {
   readonly leaseMs?: number;
   /** The owner's liveness heartbeat (liveness.ts: self-fencing, and ending an owner frozen inside its lock), in ms (default 3000). */
   readonly livenessMs?: number;
+  /**
+   * How reads decode stored events: "integrity" (default: each row's CRC is checked, no zod parse;
+   * the adapter validated every event before writing it) or "full" (zod on every row, for audits).
+   */
+  readonly readValidation?: ReadValidation;
 }
 
 /** The default owner lease length: a standby takes over at most this long after its owner froze. */
@@ -56,6 +62,8 @@ export const DEFAULT_FENCE_POLL_MS = 500;
 export function createSqliteStorage(options: SqliteStorageOptions): Storage {
   const { dataDir, faults } = options;
   const pollMs = options.fencePollMs ?? DEFAULT_FENCE_POLL_MS;
+  const validation = options.readValidation ?? "integrity";
+  if (validation !== "integrity" && validation !== "full") throw new ConfigError(`sqlite storage: readValidation must be "integrity" or "full", got ${JSON.stringify(validation)}.`);
   if (typeof dataDir !== "string" || dataDir === "") throw new ConfigError("sqlite storage: dataDir is required (--data-dir).");
   if (!Number.isFinite(pollMs) || pollMs <= 0) throw new ConfigError(`sqlite storage: fencePollMs must be a positive number of ms, got ${String(pollMs)}.`);
   const leaseMs = options.leaseMs ?? DEFAULT_LEASE_MS;
@@ -100,7 +108,7 @@ export function createSqliteStorage(options: SqliteStorageOptions): Storage {
           claimed = claimOwnership(conn, path, livenessMs);
         }
         const lease = new SqliteLease(path, claimed.epoch, livenessMs, claimed.earlier);
-        const db: SqliteDatabase = new SqliteDatabase(name, conn, claimed.epoch, faults, pollMs, () => open.delete(db), lease);
+        const db: SqliteDatabase = new SqliteDatabase(name, conn, claimed.epoch, faults, pollMs, () => open.delete(db), lease, validation);
         open.add(db);
         return db;
       } catch (err) {
@@ -114,7 +122,7 @@ export function createSqliteStorage(options: SqliteStorageOptions): Storage {
       let conn: Connection | undefined;
       try {
         conn = openReadOnly(path);
-        const reader: SqliteReader = new SqliteReader(name, conn, () => open.delete(reader));
+        const reader: SqliteReader = new SqliteReader(name, conn, () => open.delete(reader), validation);
         open.add(reader);
         return reader;
       } catch (err) {
@@ -188,8 +196,9 @@ class SqliteReader implements Reader {
     readonly name: string,
     private readonly conn: Connection,
     private readonly onClose: () => void,
+    validation: ReadValidation,
   ) {
-    this.s = new Statements(conn);
+    this.s = new Statements(conn, validation);
   }
 
   async read(afterSeq = 0, limit?: number): Promise<LogEvent[]> {
@@ -207,6 +216,10 @@ class SqliteReader implements Reader {
         .all()
         .map((r) => ({ mseq: r.mseq, id: r.id, session: r.session, kind: r.kind, payload: JSON.parse(r.payload) as unknown, at: r.at })),
     );
+  }
+
+  async latestSnapshot(): Promise<StoredSnapshot | null> {
+    return this.run("latestSnapshot", () => this.s.latestSnapshot(this.name));
   }
 
   async close(): Promise<void> {

@@ -17,6 +17,7 @@ import { logCases } from "./cases-log.js";
 import { limitCases } from "./cases-limits.js";
 import { mailboxCases } from "./cases-mailbox.js";
 import { ownershipCases } from "./cases-ownership.js";
+import { snapshotCases } from "./cases-snapshot.js";
 import { defaultExecArgv, twoProcessCases } from "./two-process.js";
 import type { AdapterUnderTest, ConformanceCase, ConformanceMode, ConformanceOptions } from "./types.js";
 
@@ -24,7 +25,7 @@ export type { AdapterUnderTest, CaseContext, ConformanceCase, ConformanceMode, C
 export { COMMIT_FLOOR, MAILBOX_LIMIT } from "../contract.js";
 
 /** Every case, in the order they run. */
-export const CASES: readonly ConformanceCase[] = [...logCases, ...ownershipCases, ...mailboxCases, ...limitCases, ...twoProcessCases];
+export const CASES: readonly ConformanceCase[] = [...logCases, ...ownershipCases, ...mailboxCases, ...limitCases, ...snapshotCases, ...twoProcessCases];
 
 const DEFAULT_WAIT_BOUND_MS = 30_000;
 

@@ -8,6 +8,9 @@
 import {
   checkAckBound,
   checkDatabaseName,
+  checkSnapshotWrite,
+  snapshotDigest,
+  verifiedSnapshot,
   checkRange,
   closedHandle,
   DatabaseNotFound,
@@ -32,6 +35,7 @@ import {
   type PostedMessage,
   type Reader,
   type Storage,
+  type StoredSnapshot,
 } from "cairn/storage";
 
 interface Db {
@@ -41,7 +45,10 @@ interface Db {
   mail: { mseq: number; text: string }[];
   mseq: number;
   owner: TinyDatabase | null;
+  snapshot: { seq: number; data: string; digest: string } | null;
 }
+
+const latest = (name: string, db: Db): StoredSnapshot | null => (db.snapshot === null ? null : verifiedSnapshot(name, db.snapshot.seq, db.snapshot.data, db.snapshot.digest));
 
 /** A Storage named "tiny" over a Map; `faults` is called at the two commit fault points. */
 export function createTinyStorage(faults?: FaultHook): Storage {
@@ -58,7 +65,7 @@ export function createTinyStorage(faults?: FaultHook): Storage {
       let db = dbs.get(name);
       if (db === undefined) {
         if (options.create === false) throw new DatabaseNotFound(name);
-        db = { epoch: 0, log: [], ids: new Set(), mail: [], mseq: 0, owner: null };
+        db = { epoch: 0, log: [], ids: new Set(), mail: [], mseq: 0, owner: null, snapshot: null };
         dbs.set(name, db);
       }
       db.epoch += 1;
@@ -142,6 +149,17 @@ class TinyDatabase implements Database {
     return this.db.log.length;
   }
 
+  async writeSnapshot(seq: number, data: string): Promise<void> {
+    this.guard();
+    checkSnapshotWrite(this.name, seq, data, this.db.log.length, this.db.snapshot?.seq ?? 0);
+    this.db.snapshot = { seq, data, digest: snapshotDigest(data) };
+  }
+
+  async latestSnapshot(): Promise<StoredSnapshot | null> {
+    this.guard();
+    return latest(this.name, this.db);
+  }
+
   async drain(): Promise<PostedMessage[]> {
     this.guard();
     return this.db.mail.map((m) => ({ ...(JSON.parse(m.text) as MailboxMessage), mseq: m.mseq }));
@@ -188,6 +206,11 @@ class TinyReader implements Reader {
   async head(): Promise<number> {
     if (this.closed) throw closedHandle(this.name, "reader");
     return this.db.log.length;
+  }
+
+  async latestSnapshot(): Promise<StoredSnapshot | null> {
+    if (this.closed) throw closedHandle(this.name, "reader");
+    return latest(this.name, this.db);
   }
 
   async close(): Promise<void> {

@@ -1,0 +1,354 @@
+/**
+ * The benchmark users care about: a ROUND (model response in, patch admitted, cell launched, result
+ * observed, next turn), measured end to end through the Harness with a scripted model that adds one
+ * `true` cell per round, beside its floor measured in the same run:
+ *
+ * - floor of one round = three raw durable commits of the same adapter (sqlite: a fsynced INSERT
+ *   transaction on a WAL/synchronous=FULL file; replicated: a guarded etcd transaction of the same
+ *   shape as a commit) plus a plain asynchronous spawn of `true` to its exit;
+ * - for 1, 8 and 64 sessions in one process: ms per round (one session's wall time / its rounds),
+ *   rounds/s in total, commits per round, harness CPU per round (process.cpuUsage(): this process
+ *   only; etcd runs in its own processes), and the ratios to the floor;
+ * - resume: Harness.open + resume() of databases of 10k, 100k and 1M events after a snapshot
+ *   (sqlite; replicated with an empty data dir, the rebuild of the local copy included), beside the
+ *   read + fold of the whole log without a snapshot; and etcd's database size after compaction and
+ *   defragmentation, after the first 10k events and at the end.
+ *
+ * Run: node --import tsx bench/rounds.ts [rounds=100]. Env: CAIRN_BENCH_RESUME_SIZES (comma list,
+ * default 10000,100000,1000000), CAIRN_BENCH_ADAPTERS (default sqlite,replicated),
+ * CAIRN_BENCH_SESSIONS (default 1,8,64). Prints numbers; asserts nothing.
+ */
+import { spawn, execFile } from "node:child_process";
+import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { performance } from "node:perf_hooks";
+import { pathToFileURL } from "node:url";
+import BetterSqlite3 from "better-sqlite3";
+import { Etcd3 } from "etcd3";
+import { Harness } from "../src/harness/harness.js";
+import type { Model, ModelReply, ModelRequest } from "../src/model/contract.js";
+import { event, identity, turnId, type LogEvent, type NewEvent } from "../src/state/events.js";
+import { Reducer } from "../src/state/reducer.js";
+import { encodeSnapshot } from "../src/state/snapshot.js";
+import type { Storage } from "../src/storage/contract.js";
+import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
+import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
+import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
+import { tagBatches } from "../chaos/support/tagging.js";
+
+const run = promisify(execFile);
+
+/** A model that adds one `true` cell per round (removing the previous one) and concludes after `rounds`. */
+export class LoopModel implements Model {
+  readonly name = "bench-loop";
+  constructor(private readonly rounds: number) {}
+
+  async step(req: ModelRequest): Promise<ModelReply> {
+    const s = req.state;
+    const next = s.runtime.next_cell_id;
+    const ops: unknown[] = [{ op: "test", path: "/revision", value: s.revision }];
+    for (let i = s.cells.length - 1; i >= 0; i--) ops.push({ op: "remove", path: `/cells/${i}` });
+    if (s.runtime.usage.rounds > this.rounds) {
+      ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "note", text: "done", role: "conclusion", result: "success" } });
+    } else {
+      ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "cmd", argv: ["true"] } });
+    }
+    return { patch: ops, usage: { input_tokens: 1, output_tokens: 1 } };
+  }
+}
+
+interface Backend {
+  readonly name: "sqlite" | "replicated";
+  /** A fresh Storage (a new data dir on replicated means an empty local copy). */
+  storage(dataDir: string): Storage;
+  /** One raw durable commit, the adapter's physical minimum, for loop `loop`. */
+  rawCommit(loop: number): Promise<void>;
+  close(): Promise<void>;
+}
+
+function sqliteBackend(dir: string): Backend {
+  const file = join(dir, "raw.db");
+  const raw = new BetterSqlite3(file);
+  raw.pragma("journal_mode = WAL");
+  raw.pragma("synchronous = FULL");
+  raw.exec("CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, identity TEXT UNIQUE, body TEXT)");
+  const insert = raw.prepare("INSERT INTO events (identity, body) VALUES (?, ?)");
+  const body = JSON.stringify({ cell_id: 1, host: "h", boot_id: "b", pid: 1, pgid: 1, start_time: "1" });
+  let n = 0;
+  const tx = raw.transaction(() => insert.run(`raw-${n++}`, body));
+  return {
+    name: "sqlite",
+    storage: (dataDir) => createSqliteStorage({ dataDir }),
+    rawCommit: async () => {
+      tx();
+    },
+    close: async () => {
+      raw.close();
+    },
+  };
+}
+
+function replicatedBackend(cluster: DevCluster): Backend {
+  const raw = new Etcd3({ hosts: [...cluster.endpoints] });
+  const heads = new Map<number, number>();
+  const value = "r".repeat(420);
+  return {
+    name: "replicated",
+    storage: (dataDir) => createReplicatedStorage({ endpoints: cluster.endpoints, dataDir }),
+    rawCommit: async (loop) => {
+      const head = heads.get(loop) ?? 0;
+      if (head === 0) {
+        await raw.put(`bench/floor/${loop}/epoch`).value("1");
+        await raw.put(`bench/floor/${loop}/head`).value("0");
+      }
+      const id = `bench/floor/${loop}/ident/${head + 1}`;
+      const res = await raw
+        .if(`bench/floor/${loop}/epoch`, "Value", "==", "1")
+        .and(`bench/floor/${loop}/head`, "Value", "==", String(head))
+        .and(id, "Create", "==", 0)
+        .then(raw.put(`bench/floor/${loop}/log/${String(head + 1).padStart(16, "0")}`).value(value), raw.put(id).value(String(head + 1)), raw.put(`bench/floor/${loop}/head`).value(String(head + 1)))
+        .commit();
+      if (!res.succeeded) throw new Error("floor txn guard failed");
+      heads.set(loop, head + 1);
+    },
+    close: async () => raw.close(),
+  };
+}
+
+/** A plain asynchronous spawn of `true`, to its exit. */
+function spawnTrue(): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn("true", [], { stdio: "ignore" });
+    child.on("error", reject);
+    child.on("exit", () => resolve());
+  });
+}
+
+interface RoundStats {
+  readonly msPerRound: number;
+  readonly roundsPerSecond: number;
+  readonly commitsPerRound: number;
+  readonly cpuMsPerRound: number;
+}
+
+/** The floor: `sessions` loops at once, each doing `rounds` x (3 raw commits + spawn of `true`). */
+async function floor(backend: Backend, sessions: number, rounds: number): Promise<RoundStats> {
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: sessions }, async (_, loop) => {
+      for (let r = 0; r < rounds; r++) {
+        for (let c = 0; c < 3; c++) await backend.rawCommit(loop);
+        await spawnTrue();
+      }
+    }),
+  );
+  const ms = performance.now() - t0;
+  return { msPerRound: ms / rounds, roundsPerSecond: (sessions * rounds * 1000) / ms, commitsPerRound: 3, cpuMsPerRound: Number.NaN };
+}
+
+/** `sessions` runs of `rounds` rounds each, in one Harness. */
+async function harnessRounds(backend: Backend, dir: string, sessions: number, rounds: number): Promise<RoundStats> {
+  let commits = 0;
+  const storage = tagBatches(backend.storage(join(dir, `data-${sessions}`)), () => commits++);
+  const cwd = join(dir, "cwd");
+  mkdirSync(cwd, { recursive: true });
+  const h = await Harness.open({ storage, name: `rounds-${sessions}`, model: new LoopModel(rounds), workDir: join(dir, "work") });
+  try {
+    const cpu0 = process.cpuUsage();
+    const t0 = performance.now();
+    const ids = await Promise.all(Array.from({ length: sessions }, () => h.start({ goal: "loop", cwd, budgets: { max_rounds: rounds + 5 } })));
+    const outcomes = await Promise.all(ids.map((id) => h.wait(id)));
+    const ms = performance.now() - t0;
+    const cpu = process.cpuUsage(cpu0);
+    for (const o of outcomes) if (o.result !== "success") throw new Error(`bench run ${o.session} ended ${o.result}: ${o.reason}`);
+    const total = sessions * (rounds + 1);
+    return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: commits / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total };
+  } finally {
+    await h.close();
+    await storage.close();
+  }
+}
+
+const fmt = (x: number, d = 2) => (Number.isFinite(x) ? x.toFixed(d) : "-");
+
+async function roundsSection(backend: Backend, dir: string, rounds: number, sessionCounts: readonly number[]): Promise<void> {
+  console.log(`\n${backend.name}: ${rounds} rounds per session, one \`true\` cell per round; floor = 3 raw durable commits + spawn of \`true\``);
+  console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  harness CPU ms/round");
+  for (const sessions of sessionCounts) {
+    const f = await floor(backend, sessions, sessions >= 64 ? Math.max(10, Math.floor(rounds / 4)) : rounds);
+    const h = await harnessRounds(backend, dir, sessions, rounds);
+    console.log(
+      `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)}`,
+    );
+  }
+}
+
+/** Round-shaped events (9 per round: prepare, attempt, response, accept, queue, start, output, finish, observation). */
+function* roundEvents(session: string, at: string): Generator<NewEvent> {
+  yield event("session_created", session, identity.session(session), at, { goal: "bench", cwd: "/tmp", validators: [], budgets: {} });
+  for (let n = 1; ; n++) {
+    const turn = turnId(session, n);
+    const cell = n;
+    const patch = [{ op: "test", path: "/revision", value: n - 1 }, ...(n > 1 ? [{ op: "remove", path: "/cells/0" }] : []), { op: "add", path: "/cells/-", value: { id: cell, previous_id: null, kind: "cmd", argv: ["true"] } }];
+    const delivered = n > 1 ? [`execution:${n - 1}`] : [];
+    yield event("turn_prepared", session, identity.turn(turn), at, { turn, n, revision: n - 1, delivered });
+    yield event("model_attempt", session, identity.attempt(turn, 1), at, { turn, attempt: 1 });
+    yield event("model_response", session, identity.response(turn, 1), at, { turn, attempt: 1, patch, usage: { input_tokens: 900, output_tokens: 40 } });
+    yield event("patch_accepted", session, identity.patch(turn), at, { turn, attempt: 1, patch, revision: n, new_cell_ids: [cell], removed_ids: n > 1 ? [n - 1] : [], consumed: delivered });
+    yield event("execution_queued", session, identity.queued(session, cell), at, { cell_id: cell, kind: "cmd" });
+    yield event("execution_started", session, identity.execution(session, cell), at, { cell_id: cell, host: "bench", boot_id: "b", pid: 4_000_000, pgid: 4_000_000, start_time: "1" });
+    yield event("execution_output", session, identity.output(session, cell, 0), at, { cell_id: cell, n: 0, stream: "stdout", data: "ok\n" });
+    yield event("execution_finished", session, identity.finished(session, cell), at, { cell_id: cell, result: "success", exit_code: 0, signal: null, duration_ms: 2, output_bytes: 3, dropped_bytes: 0, detail: null, unknown: null });
+    const oid = `execution:${cell}`;
+    yield event("inbox_received", session, identity.inbox(session, oid), at, { observation: { id: oid, source: "execution", kind: "finished", at, payload: { cell_id: cell, result: "success" } } });
+  }
+}
+
+/** Output-heavy events: one round, then one long-running cell's output (1 event per line). */
+function* outputEvents(session: string, at: string): Generator<NewEvent> {
+  const rounds = roundEvents(session, at);
+  for (let i = 0; i < 6; i++) yield rounds.next().value as NewEvent; // session .. execution_started of cell 1 (cell 1 stays running)
+  for (let n = 0; ; n++) yield event("execution_output", session, identity.output(session, 1, n), at, { cell_id: 1, n, stream: "stdout", data: `line ${n} of a long build log with some text in it\n` });
+}
+
+/**
+ * Commits `size` events of `shape` through `storage`, writing a snapshot every `every` events (as
+ * the harness does) and one at the end. `onProgress` sees the head after each commit.
+ */
+async function craft(storage: Storage, name: string, size: number, shape: "rounds" | "output", every: number, onProgress?: (head: number) => Promise<void>): Promise<{ snapshotBytes: number }> {
+  const db = await storage.open(name);
+  const r = new Reducer();
+  const gen = shape === "rounds" ? roundEvents("s1", new Date().toISOString()) : outputEvents("s1", new Date().toISOString());
+  let head = 0;
+  let sinceSnapshot = 0;
+  let snapshotBytes = 0;
+  const snapshot = async () => {
+    const text = encodeSnapshot(r.projection());
+    snapshotBytes = Buffer.byteLength(text);
+    await db.writeSnapshot(head, text);
+    sinceSnapshot = 0;
+  };
+  while (head < size) {
+    const batch: NewEvent[] = [];
+    // Whole rounds per batch keep every batch a plausible commit; at most 117 events (replicated: 126).
+    while (batch.length < 117 && head + batch.length < size) batch.push(gen.next().value as NewEvent);
+    const receipt = await db.commit(batch);
+    r.apply(batch.map((e, i) => ({ ...e, seq: receipt.firstSeq + i }) as LogEvent));
+    head = receipt.lastSeq;
+    sinceSnapshot += batch.length;
+    if (sinceSnapshot >= every) await snapshot();
+    await onProgress?.(head);
+  }
+  if (sinceSnapshot > 0) await snapshot();
+  await db.close();
+  return { snapshotBytes };
+}
+
+/** etcd's database size (max over members) after compacting history and defragmenting every member. */
+async function etcdSize(cluster: DevCluster): Promise<number> {
+  const endpoints = cluster.endpoints.join(",");
+  const status = JSON.parse((await run("etcdctl", ["--endpoints", endpoints, "endpoint", "status", "-w", "json"])).stdout) as { Status: { header: { revision: number } } }[];
+  const rev = Math.max(...status.map((s) => s.Status.header.revision));
+  await run("etcdctl", ["--endpoints", endpoints, "compaction", "--physical", String(rev)]).catch(() => undefined);
+  await run("etcdctl", ["--endpoints", endpoints, "defrag", "--command-timeout=60s"]);
+  const after = JSON.parse((await run("etcdctl", ["--endpoints", endpoints, "endpoint", "status", "-w", "json"])).stdout) as { Status: { dbSize: number } }[];
+  return Math.max(...after.map((s) => s.Status.dbSize));
+}
+
+const mib = (b: number) => `${(b / 1024 / 1024).toFixed(1)} MiB`;
+
+async function resumeSection(backend: Backend, dir: string, sizes: readonly number[], cluster: DevCluster | null): Promise<void> {
+  console.log(`\n${backend.name}: resume (Harness.open + resume()) after a snapshot${backend.name === "replicated" ? ", on an empty data dir (local copy rebuilt)" : ""}; beside it, read + fold of the whole log`);
+  console.log("events      shape     snapshot   open+resume   whole-log read+fold");
+  for (const size of sizes) {
+    for (const shape of ["output", "rounds"] as const) {
+      const name = `resume-${shape}-${size}`;
+      const writerDir = join(dir, `resume-writer-${shape}-${size}`);
+      const writer = backend.storage(writerDir);
+      let size10k: number | null = null;
+      let crafted;
+      try {
+        crafted = await craft(writer, name, size, shape, 10_000, async (head) => {
+          if (cluster !== null && size10k === null && head >= 10_000 && size > 10_000) size10k = await etcdSize(cluster);
+        });
+      } finally {
+        await writer.close();
+      }
+      const readerDir = backend.name === "replicated" ? join(dir, `resume-fresh-${shape}-${size}`) : writerDir;
+      const storage = backend.storage(readerDir);
+      let openMs: number;
+      try {
+        const t0 = performance.now();
+        const h = await Harness.open({ storage, name, model: new LoopModel(0), workDir: join(dir, "work"), snapshots: false });
+        await h.resume();
+        openMs = performance.now() - t0;
+        await h.close();
+      } finally {
+        await storage.close();
+      }
+      let foldMs = Number.NaN;
+      {
+        // The whole log, without a snapshot: the writer's own copy holds every event.
+        const s = backend.storage(writerDir);
+        try {
+          const t0 = performance.now();
+          const db = await s.open(name);
+          const r = new Reducer();
+          for (;;) {
+            const page = await db.read(r.headSeq, 5000);
+            if (page.length === 0) break;
+            r.apply(page);
+          }
+          foldMs = performance.now() - t0;
+          await db.close();
+        } finally {
+          await s.close();
+        }
+      }
+      console.log(`${String(size).padStart(8)}   ${shape.padEnd(7)} ${mib(crafted.snapshotBytes).padStart(10)} ${(fmt(openMs / 1000, 3) + " s").padStart(13)} ${(fmt(foldMs / 1000, 3) + " s").padStart(21)}`);
+      if (cluster !== null && size10k !== null) {
+        console.log(`           etcd db size after compaction + defrag: ${mib(size10k)} after 10k events, ${mib(await etcdSize(cluster))} after ${size}`);
+      }
+    }
+  }
+}
+
+/** Runs the benchmark and prints the results. */
+export async function runRoundsBench(rounds = 100): Promise<void> {
+  const adapters = (process.env["CAIRN_BENCH_ADAPTERS"] ?? "sqlite,replicated").split(",");
+  const sessions = (process.env["CAIRN_BENCH_SESSIONS"] ?? "1,8,64").split(",").map(Number);
+  const sizes = (process.env["CAIRN_BENCH_RESUME_SIZES"] ?? "10000,100000,1000000").split(",").map(Number).filter((n) => n > 0);
+  const dir = mkdtempSync(join(tmpdir(), "cairn-bench-rounds-"));
+  let cluster: DevCluster | null = null;
+  try {
+    if (adapters.includes("sqlite")) {
+      const b = sqliteBackend(dir);
+      try {
+        await roundsSection(b, join(dir, "sqlite"), rounds, sessions);
+        await resumeSection(b, join(dir, "sqlite"), sizes, null);
+      } finally {
+        await b.close();
+      }
+    }
+    if (adapters.includes("replicated")) {
+      cluster = await startDevCluster({ dir: join(dir, "cluster") });
+      const b = replicatedBackend(cluster);
+      try {
+        await roundsSection(b, join(dir, "replicated"), rounds, sessions);
+        await resumeSection(b, join(dir, "replicated"), sizes, cluster);
+      } finally {
+        await b.close();
+      }
+    }
+  } finally {
+    await cluster?.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  const n = Number(process.argv[2] ?? 100);
+  await runRoundsBench(Number.isInteger(n) && n > 0 ? n : 100);
+}

@@ -1,0 +1,170 @@
+/**
+ * Snapshots on the replicated adapter, and the compaction that keeps etcd's footprint flat.
+ *
+ * Writing (owner only, every transaction guarded by `epoch == mine`): the snapshot text in chunks
+ * (`snapdata/<seq>/<i>`), then the identity segment of the events since the previous cut
+ * (`idarch/<from>/<part>`), then the pointer (`snap`), compared on its mod revision so two writers
+ * cannot interleave. Until the pointer moves, readers see the previous snapshot whole.
+ *
+ * Compaction (after the pointer moved): deletes, in transactions of at most COMPACT_BATCH keys, the
+ * older snapshots' chunks, the batch records up to the cut and the identity keys whose seq is at or
+ * before the cut. A crash or a fence in the middle leaves keys that the next compaction deletes (it
+ * scans, it does not remember). Why duplicate refusal stays exact: layout.ts.
+ */
+import { gzipSync } from "node:zlib";
+import type { IRequestOp } from "etcd3";
+import type { StoredSnapshot } from "../../src/storage/contract.js";
+import { ResetError, StorageRejected } from "../../src/storage/errors.js";
+import { checkSnapshotWrite, snapshotDigest, verifiedSnapshot } from "../../src/storage/snapshots.js";
+import { z } from "zod";
+import type { Context } from "./context.js";
+import { MAX_BATCH_BYTES, type Keys } from "./layout.js";
+import type { LocalCopy } from "./local-copy.js";
+import { get, kvsOf, prefixEnd, valueIs, valueOf } from "./ops.js";
+
+/** Keys deleted (or identities scanned) per compaction transaction: bounded, under --max-txn-ops. */
+export const COMPACT_BATCH = 100;
+/** Identities per gzipped segment part (a part stays far below etcd's request limit). */
+const SEGMENT_IDS = 50_000;
+
+const Pointer = z.strictObject({
+  v: z.literal(1),
+  seq: z.number().int().positive(),
+  digest: z.string().regex(/^[0-9a-f]{64}$/),
+  chunks: z.number().int().positive(),
+  /** The end of the last whole batch at or before `seq`: everything up to it may be compacted. */
+  cut: z.number().int().nonnegative(),
+  /** The chain hash at `cut` (GENESIS when cut is 0): a copy rebuilt from here starts with it. */
+  cutHash: z.string().regex(/^[0-9a-f]{64}$/),
+});
+export type SnapshotPointer = z.infer<typeof Pointer>;
+
+/** The pointer of the latest snapshot, and its mod revision ("0" when there is none). */
+export async function readPointer(ctx: Context, keys: Keys): Promise<{ pointer: SnapshotPointer | null; modRevision: string }> {
+  const res = await ctx.txn([], [get(keys.snap)]);
+  const kv = kvsOf(res.responses, 0)[0];
+  if (!kv) return { pointer: null, modRevision: "0" };
+  try {
+    return { pointer: Pointer.parse(JSON.parse(kv.value.toString("utf8"))), modRevision: String(kv.mod_revision) };
+  } catch (cause) {
+    throw new StorageRejected("invalid", `the snapshot pointer ${keys.snap} is malformed; it was altered. Remove it to fall back to the full log only if no entries were compacted.`, { cause });
+  }
+}
+
+/** The latest snapshot, its digest checked, or null. Throws StorageFailure when damaged or incomplete. */
+export async function readSnapshot(ctx: Context, keys: Keys, name: string): Promise<StoredSnapshot | null> {
+  for (let attempt = 1; ; attempt++) {
+    const { pointer, modRevision } = await readPointer(ctx, keys);
+    if (pointer === null) return null;
+    const prefix = keys.snapData(pointer.seq);
+    const res = await ctx.call((client) => client.kv.range({ key: Buffer.from(prefix), range_end: prefixEnd(prefix), sort_order: "Ascend", sort_target: "Key" }));
+    const text = Buffer.concat(res.kvs.slice(0, pointer.chunks).map((kv) => kv.value)).toString("utf8");
+    if (snapshotDigest(text) === pointer.digest || attempt >= 3) return verifiedSnapshot(name, pointer.seq, text, pointer.digest);
+    // A newer snapshot's compaction may have removed these chunks after we read the pointer: look again.
+    if ((await readPointer(ctx, keys)).modRevision === modRevision) return verifiedSnapshot(name, pointer.seq, text, pointer.digest);
+  }
+}
+
+/** What writing a snapshot needs from the owner's handle. */
+export interface SnapshotWriter {
+  readonly name: string;
+  readonly epoch: number;
+  readonly keys: Keys;
+  readonly copy: LocalCopy;
+  /** Marks the handle fenced and returns the error to throw. */
+  fenced(current: string | null): ResetError;
+}
+
+const putBytes = (key: string, value: Buffer): IRequestOp => ({ request_put: { key: Buffer.from(key), value } });
+
+/** Sends one transaction guarded by the owner's epoch; throws the fence when the epoch moved. */
+async function guarded(ctx: Context, w: SnapshotWriter, ops: IRequestOp[], extraCompare: ReturnType<typeof valueIs>[] = []): Promise<boolean> {
+  const res = await ctx.txn([valueIs(w.keys.epoch, String(w.epoch)), ...extraCompare], ops, [get(w.keys.epoch)]);
+  if (res.succeeded) return true;
+  const epoch = valueOf(res.responses, 0);
+  if (epoch !== String(w.epoch)) throw w.fenced(epoch);
+  return false;
+}
+
+/**
+ * Writes the snapshot of events 1..seq (head: the owner's head now), then compacts. Resolves when the
+ * pointer names it; compaction problems are logged, never thrown (the next snapshot retries them).
+ */
+export async function writeSnapshot(ctx: Context, w: SnapshotWriter, seq: number, data: string, head: number): Promise<void> {
+  const { keys, copy } = w;
+  const { pointer, modRevision } = await readPointer(ctx, keys);
+  checkSnapshotWrite(w.name, seq, data, head, pointer?.seq ?? 0);
+  const bytes = Buffer.from(data, "utf8");
+  const chunks: Buffer[] = [];
+  for (let at = 0; at < bytes.length; at += MAX_BATCH_BYTES) chunks.push(bytes.subarray(at, at + MAX_BATCH_BYTES));
+  for (const [i, chunk] of chunks.entries()) {
+    await guarded(ctx, w, [putBytes(`${keys.snapData(seq)}${String(i).padStart(6, "0")}`, chunk)]);
+  }
+  const prevCut = pointer?.cut ?? 0;
+  const last = copy.batchEndingBy(seq);
+  const cut = last === null || last.last < prevCut ? prevCut : last.last;
+  const cutHash = cut === prevCut ? (pointer?.cutHash ?? copy.base().hash) : last!.hash;
+  if (cut > prevCut) {
+    // The identities before the cut go into a segment BEFORE any of their keys can be deleted.
+    const ids = copy.identitiesIn(prevCut, cut);
+    for (let part = 0; part * SEGMENT_IDS < ids.length; part++) {
+      const gz = gzipSync(ids.slice(part * SEGMENT_IDS, (part + 1) * SEGMENT_IDS).join("\n"));
+      await guarded(ctx, w, [putBytes(keys.idArch(prevCut + 1, part), gz)]);
+    }
+  }
+  const next: SnapshotPointer = { v: 1, seq, digest: snapshotDigest(data), chunks: chunks.length, cut, cutHash };
+  const modCompare = { key: Buffer.from(keys.snap), target: "Mod" as const, result: "Equal" as const, mod_revision: modRevision };
+  const ok = await guarded(ctx, w, [{ request_put: { key: Buffer.from(keys.snap), value: Buffer.from(JSON.stringify(next)) } }], [modCompare as never]);
+  if (!ok) throw new StorageRejected("conflict", `writeSnapshot on database "${w.name}": another snapshot was written at the same time; nothing changed, retry.`);
+  try {
+    await compact(ctx, w, next);
+  } catch (err) {
+    if (err instanceof ResetError) throw err;
+    ctx.log.warn({ db: w.name, err: (err as Error).message }, "compaction after a snapshot did not finish; the next snapshot retries it");
+  }
+}
+
+/** Deletes, in bounded transactions, what the snapshot `p` made unnecessary (see the file comment). */
+export async function compact(ctx: Context, w: SnapshotWriter, p: SnapshotPointer): Promise<{ deleted: number }> {
+  const { keys } = w;
+  let deleted = 0;
+  // Older snapshots' chunks: every snapdata key before this snapshot's prefix.
+  deleted += await deleteKeysIn(ctx, w, keys.snapDataPrefix, Buffer.from(keys.snapData(p.seq)));
+  if (p.cut === 0) return { deleted };
+  // Batch records whose first seq is at or before the cut (the cut ends a batch, so they end by it).
+  deleted += await deleteKeysIn(ctx, w, keys.logPrefix, Buffer.from(keys.log(p.cut + 1)));
+  // Identity keys whose seq is at or before the cut (scanned: leftovers of an interrupted run go too).
+  const end = prefixEnd(keys.identPrefix);
+  let from = Buffer.from(keys.identPrefix);
+  for (;;) {
+    const res = await ctx.call((client) => client.kv.range({ key: from, range_end: end, limit: COMPACT_BATCH * 10 }));
+    if (res.kvs.length === 0) break;
+    const stale = res.kvs.filter((kv) => Number(kv.value.toString("utf8")) <= p.cut).map((kv) => kv.key);
+    for (let i = 0; i < stale.length; i += COMPACT_BATCH) {
+      await guarded(ctx, w, stale.slice(i, i + COMPACT_BATCH).map((key) => ({ request_delete_range: { key } })));
+      deleted += Math.min(COMPACT_BATCH, stale.length - i);
+    }
+    if (!res.more) break;
+    from = Buffer.concat([res.kvs[res.kvs.length - 1]!.key, Buffer.from([0])]);
+  }
+  return { deleted };
+}
+
+/** Deletes the keys in [prefix, end) in transactions of at most COMPACT_BATCH keys each. */
+async function deleteKeysIn(ctx: Context, w: SnapshotWriter, prefix: string, end: Buffer): Promise<number> {
+  let deleted = 0;
+  for (;;) {
+    const res = await ctx.call((client) => client.kv.range({ key: Buffer.from(prefix), range_end: end, limit: COMPACT_BATCH, keys_only: true }));
+    if (res.kvs.length === 0) return deleted;
+    const lastKey = res.kvs[res.kvs.length - 1]!.key;
+    await guarded(ctx, w, [{ request_delete_range: { key: Buffer.from(prefix), range_end: Buffer.concat([lastKey, Buffer.from([0])]) } }]);
+    deleted += res.kvs.length;
+    if (!res.more) return deleted;
+  }
+}
+
+/** Every identity segment (key and gzipped bytes), for a copy rebuilt from a snapshot. */
+export async function readSegments(ctx: Context, keys: Keys): Promise<{ key: string; gz: Buffer }[]> {
+  const res = await ctx.call((client) => client.kv.range({ key: Buffer.from(keys.idArchPrefix), range_end: prefixEnd(keys.idArchPrefix) }));
+  return res.kvs.map((kv) => ({ key: kv.key.toString("utf8"), gz: kv.value }));
+}

@@ -1,0 +1,129 @@
+/**
+ * Snapshots and compaction on a real three-member etcd cluster: after a snapshot the cluster keeps
+ * the tail only (its key count stays bounded across many snapshots), and duplicate refusal stays
+ * exact on the machine that kept up and on a machine that rebuilds its copy from the snapshot.
+ */
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import { Etcd3 } from "etcd3";
+import type { NewEvent } from "../../src/state/events.js";
+import type { Storage } from "../../src/storage/contract.js";
+import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
+import { keysOf } from "../../storage-adapters/replicated/layout.js";
+import { hasError } from "../../src/storage/conformance/fixtures.js";
+import { devCluster, ev, tempDir } from "./helpers.js";
+
+let dc: Awaited<ReturnType<typeof devCluster>> | null = null;
+let client: Etcd3 | null = null;
+before(async () => {
+  dc = await devCluster();
+  client = new Etcd3({ hosts: [...dc.cluster.endpoints] });
+});
+after(async () => {
+  client?.close();
+  await dc?.stop();
+});
+
+/** Number of keys under `prefix`. */
+async function keys(prefix: string): Promise<number> {
+  return Number(await client!.getAll().prefix(prefix).count());
+}
+
+function batch(prefix: string, n: number): NewEvent[] {
+  return Array.from({ length: n }, (_, i) => ev(`${prefix}-${i}`));
+}
+
+test("after a snapshot etcd keeps the tail only, and the key count stays bounded across snapshots", async (t) => {
+  const { dir, remove } = tempDir("compaction");
+  const storages: Storage[] = [];
+  t.after(async () => {
+    for (const s of storages) await s.close();
+    remove();
+  });
+  const storage = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/a`, commitTimeoutMs: 5000 });
+  storages.push(storage);
+  const db = await storage.open("bounded");
+  const k = keysOf("bounded");
+  const counts: number[] = [];
+  let committed = 0;
+  for (let cycle = 0; cycle < 5; cycle++) {
+    for (let b = 0; b < 20; b++) {
+      await db.commit(batch(`c${cycle}-b${b}`, 5));
+      committed += 5;
+    }
+    assert.equal(await keys(k.identPrefix), 100, "before compaction every identity of the cycle has its key");
+    const head = await db.head();
+    await db.writeSnapshot(head, `snapshot ${cycle} at ${head}`);
+    assert.equal(await keys(k.logPrefix), 0, "every batch up to the snapshot was deleted");
+    assert.equal(await keys(k.identPrefix), 0, "every identity key up to the snapshot was deleted");
+    assert.equal(await keys(k.snapDataPrefix), 1, "only the latest snapshot's chunk remains");
+    assert.equal(await keys(k.idArchPrefix), cycle + 1, "one identity segment per compaction");
+    counts.push(await keys(k.prefix));
+  }
+  assert.equal(committed, 500);
+  // epoch, head, mseq, snap, one snapshot chunk, plus one segment per snapshot.
+  assert.deepEqual(counts, [6, 7, 8, 9, 10], "the number of keys does not grow with the log");
+  for (let b = 0; b < 3; b++) await db.commit(batch(`tail-${b}`, 4));
+  assert.equal(await keys(k.logPrefix), 3, "the tail's batches are in etcd");
+  assert.equal(await keys(k.identPrefix), 12, "the tail's identities have keys");
+  await db.close();
+});
+
+test("duplicate refusal stays exact after compaction: on the machine that kept up and on an empty data dir", async (t) => {
+  const { dir, remove } = tempDir("compaction-exact");
+  const storages: Storage[] = [];
+  t.after(async () => {
+    for (const s of storages) await s.close();
+    remove();
+  });
+  const make = (machine: string): Storage => {
+    const s = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/${machine}`, commitTimeoutMs: 5000 });
+    storages.push(s);
+    return s;
+  };
+  const a = make("a");
+  const db = await a.open("exact");
+  for (let b = 0; b < 10; b++) await db.commit(batch(`old-${b}`, 10));
+  await db.writeSnapshot(100, "projection at 100");
+  await db.commit(batch("tail", 3));
+  await assert.rejects(db.commit([ev("old-3-7")]), hasError("rejected", "duplicate_identity"), "the machine that kept up refuses a compacted identity");
+
+  // Another machine with an empty data dir: its copy is rebuilt from the snapshot and the tail.
+  const b = make("b");
+  const fresh = await b.open("exact");
+  assert.equal(await fresh.head(), 103);
+  assert.deepEqual(await fresh.latestSnapshot(), { seq: 100, data: "projection at 100" });
+  await assert.rejects(
+    fresh.commit([ev("brand-new-1"), ev("old-0-0")]),
+    (err: unknown) => {
+      hasError("rejected", "duplicate_identity")(err);
+      assert.deepEqual([...(err as { identities: string[] }).identities], ["old-0-0"], "the compacted identity is named");
+      return true;
+    },
+    "an identity from before the snapshot is refused although its key is gone from etcd",
+  );
+  await assert.rejects(fresh.commit([ev("tail-1")]), hasError("rejected", "duplicate_identity"), "an identity from the tail is refused");
+  assert.deepEqual(await fresh.commit([ev("brand-new-1")]), { firstSeq: 104, lastSeq: 104 }, "a new identity commits; nothing of the refused batches was written");
+  assert.deepEqual((await fresh.read(100)).map((e) => e.identity), ["tail-0", "tail-1", "tail-2", "brand-new-1"]);
+  await assert.rejects(fresh.read(0), hasError("rejected", "compacted"), "events before the snapshot are not on this machine");
+  const reader = await b.reader("exact");
+  await assert.rejects(reader.read(0), hasError("rejected", "compacted"));
+  assert.equal((await reader.read(100)).length, 4);
+  await reader.close();
+  await fresh.close();
+
+  // The rebuilt copy verifies and continues at the next open (it starts at its base).
+  const b2 = make("b");
+  const again = await b2.open("exact");
+  await assert.rejects(again.commit([ev("old-9-9")]), hasError("rejected", "duplicate_identity"));
+  assert.deepEqual(await again.commit([ev("brand-new-2")]), { firstSeq: 105, lastSeq: 105 });
+  await again.close();
+
+  // The machine that kept up still holds the full history, and catches up on the rest.
+  const a2 = make("a");
+  const full = await a2.open("exact");
+  const log = await full.read(0);
+  assert.equal(log.length, 105, "the local copy that kept up holds every event");
+  assert.equal(log[0]!.identity, "old-0-0");
+  await full.close();
+});
