@@ -109,6 +109,10 @@ export interface ControlRecord {
   readonly detail: string;
 }
 
+/**
+ * A session's projection. Snapshots encode every field (src/state/snapshot.ts, a strict schema): a
+ * field added here must be added there, which the snapshot conformance property enforces.
+ */
 export interface SessionProjection {
   readonly id: string;
   readonly goal: string;

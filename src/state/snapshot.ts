@@ -61,7 +61,17 @@ const Turn = z.strictObject({
   response: z.strictObject({ attempt: z.number().int().positive(), patch: JsonValue }).nullable(),
   rejections: z.array(z.strictObject({ attempt: z.number().int().positive(), code: z.string(), reason: z.string(), patch: JsonValue })),
   model_failures: z.number().int().nonnegative(),
-  accepted: z.strictObject({ attempt: z.number().int().positive(), patch: JsonValue, revision: z.number().int().positive(), seq: Seq }).nullable(),
+  accepted: z
+    .strictObject({
+      attempt: z.number().int().positive(),
+      patch: JsonValue,
+      revision: z.number().int().positive(),
+      seq: Seq,
+      new_cell_ids: z.array(CellId),
+      removed_ids: z.array(CellId),
+      consumed: z.array(z.string()),
+    })
+    .nullable(),
 });
 
 const Timer = z.strictObject({ timer_id: z.string(), cell_id: CellId.nullable(), due_at: z.string(), note: z.string().nullable(), fired: z.boolean() });
