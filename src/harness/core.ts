@@ -19,7 +19,7 @@ export type HarnessFaultPoint =
   | "patch:committed" // a patch was accepted and committed; nothing dispatched yet
   | "execution:started-committed" // the launch is authorized and committed; the child has not run
   | "execution:exited" // the child exited; its result is not committed yet
-  | "model:response-committed"; // a complete model response is committed; not admitted yet
+  | "model:response-committed"; // a complete model response is committed (with its verdict, when both fit one commit)
 export type HarnessFaults = (point: HarnessFaultPoint, detail: { session: string; cell?: number; turn?: string }) => void | Promise<void>;
 
 export interface HarnessCore {

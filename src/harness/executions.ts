@@ -43,6 +43,8 @@ export class Executions {
   private running: Running | null = null;
   private launching = false;
   private recovering: Promise<number> | null = null;
+  /** Cells whose result was handed to the driver (`carry`) and may not be in the log yet: not lost. */
+  private readonly handedOver = new Set<number>();
 
   constructor(
     private readonly ctx: SessionContext,
@@ -182,7 +184,13 @@ export class Executions {
     const at = core.nowIso();
     const body = processFinished(this.ctx.session(), cellId, outcome, running !== null && running.cancelled);
     if (running !== null) await core.faults?.("execution:exited", { session: id, cell: cellId });
-    await this.commitFinished(body, at);
+    // A cell that ran to its end: the driver commits its result with what comes next (the next
+    // round's preparation and attempt) in one commit. A cancellation is committed now (its note waits).
+    if (running !== null && !running.cancelled) {
+      for (const c of this.handedOver) if (this.ctx.session().executions.get(c)?.phase !== "started") this.handedOver.delete(c);
+      this.handedOver.add(cellId);
+      this.ctx.carry(finishedEvents(this.ctx.session(), body, at));
+    } else await this.commitFinished(body, at);
     core.metrics?.executionFinished(kind, body.result, (outcome.duration_ms ?? 0) / 1000);
     core.logger.info({ session: id, cell: cellId, result: body.result, exit_code: outcome.exit_code }, "cell finished");
   }
@@ -211,6 +219,7 @@ export class Executions {
       if (ex.phase !== "started" || ex.started === null) continue;
       if (this.running !== null && this.running.cellId === ex.cell_id) continue;
       if (this.launching) continue; // this driver's own launch, being authorized right now
+      if (this.handedOver.has(ex.cell_id)) continue; // it finished here; the driver commits its result
       const stopped =
         ex.started.host !== core.world.host
           ? { worker_stopped: false, detail: `the cell ran on host ${ex.started.host}; this is ${core.world.host}, so its process could not be checked or stopped from here` }

@@ -5,7 +5,7 @@
  * admitted without calling the model again.
  */
 import { admit, patchBoundsProblem } from "../state/admission.js";
-import { event, identity } from "../state/events.js";
+import { event, identity, type NewEvent } from "../state/events.js";
 import { nextAttempt } from "../state/next-step.js";
 import type { NextStep } from "../state/next-step.js";
 import { acceptedEvents, admissionContext, toJson } from "../state/outcomes.js";
@@ -17,20 +17,32 @@ import { modelFailurePlan, RunBlocked } from "./model-retry.js";
 
 type Usage = { input_tokens: number; output_tokens: number };
 
-/** Runs one round until a patch is accepted or the run ends. */
-export async function runRound(ctx: SessionContext, step: Extract<NextStep, { kind: "round" }>): Promise<void> {
+/**
+ * Runs one round until a patch is accepted or the run ends. Commits per round: `carry` (events the
+ * driver holds, such as the previous cell's result and its observation), `turn_prepared` and the
+ * first `model_attempt` together; then the response with its verdict (and the queued executions)
+ * together. `carry` always goes in the first commit, before anything else happens.
+ */
+export async function runRound(ctx: SessionContext, step: Extract<NextStep, { kind: "round" }>, carry: readonly NewEvent[] = []): Promise<void> {
   const { core, id } = ctx;
   const turn = step.turn;
+  let pending: NewEvent[] = [...carry];
   if (step.prepare) {
-    await core.commit([event("turn_prepared", id, identity.turn(turn), core.nowIso(), { turn, n: step.n, revision: ctx.session().state.revision, delivered: [...step.delivered] })]);
+    pending.push(event("turn_prepared", id, identity.turn(turn), core.nowIso(), { turn, n: step.n, revision: ctx.session().state.revision, delivered: [...step.delivered] }));
   }
   const started = core.world.clock.now();
   for (;;) {
     if (core.stopping()) return;
     const s = ctx.session();
     const t = s.turns.get(turn);
-    if (t === undefined) throw new Error(`round ${turn} of session ${id} was never prepared`);
-    const next = nextAttempt(s, t, core.limits);
+    // A turn being prepared in this very commit: its first attempt, nothing refused yet.
+    const next: ReturnType<typeof nextAttempt> =
+      t === undefined && step.prepare ? { kind: "call", attempt: 1, rejection: null } : t === undefined ? neverPrepared(id, turn) : nextAttempt(s, t, core.limits);
+    if (next.kind !== "call" && pending.length > 0) {
+      await core.commit(pending);
+      pending = [];
+      continue;
+    }
     if (next.kind === "done") return;
     if (next.kind === "give_up") {
       await ctx.endRun("failure", next.reason);
@@ -40,31 +52,42 @@ export async function runRound(ctx: SessionContext, step: Extract<NextStep, { ki
     if (next.kind === "admit") {
       patch = next.patch;
     } else {
-      const got = await callModel(ctx, turn, next.attempt, next.rejection);
+      const before = pending;
+      pending = [];
+      const got = await callModel(ctx, turn, next.attempt, next.rejection, before);
       if (got === "stop") return;
       if (got === "again") continue;
-      patch = got.patch;
+      if (await admitPatch(ctx, turn, next.attempt, got.patch, got.response)) {
+        core.metrics?.modelRound((core.world.clock.now() - started) / 1000);
+        return;
+      }
+      continue;
     }
-    const attempt = next.attempt;
-    if (await admitPatch(ctx, turn, attempt, patch)) {
+    if (await admitPatch(ctx, turn, next.attempt, patch, null)) {
       core.metrics?.modelRound((core.world.clock.now() - started) / 1000);
       return;
     }
   }
 }
 
+function neverPrepared(id: string, turn: string): never {
+  throw new Error(`round ${turn} of session ${id} was never prepared`);
+}
+
 /**
- * One model call: `model_attempt` first, then the response (`model_response`) or the failure
- * (`model_attempt_failed`, then a back-off). "again": try the next attempt; "stop": the round is over.
+ * One model call: `model_attempt` first (with `before`, committed together), then the failure
+ * (`model_attempt_failed`, then a back-off) or the response, returned UNcommitted: admitPatch
+ * commits it together with its verdict. "again": try the next attempt; "stop": the round is over.
  */
 async function callModel(
   ctx: SessionContext,
   turn: string,
   attempt: number,
   rejection: { code: string; reason: string; patch: unknown } | null,
-): Promise<{ patch: unknown } | "again" | "stop"> {
+  before: readonly NewEvent[],
+): Promise<{ patch: unknown; response: NewEvent } | "again" | "stop"> {
   const { core, id } = ctx;
-  await core.commit([event("model_attempt", id, identity.attempt(turn, attempt), core.nowIso(), { turn, attempt })]);
+  await core.commit([...before, event("model_attempt", id, identity.attempt(turn, attempt), core.nowIso(), { turn, attempt })]);
   let reply: { patch: unknown; usage: Usage | null };
   try {
     reply = await core.model.step({
@@ -94,12 +117,18 @@ async function callModel(
     core.metrics?.patchRejected("invalid_patch");
     return "again";
   }
+  return { patch: reply.patch, response: event("model_response", id, identity.response(turn, attempt), core.nowIso(), { turn, attempt, patch: toJson(reply.patch), usage: reply.usage ?? null }) };
+}
+
+/** Commits a response alone (when it does not fit one commit with its verdict). "again" when it is too large to record. */
+async function commitResponse(ctx: SessionContext, turn: string, attempt: number, response: NewEvent, patch: unknown): Promise<"again" | "ok"> {
+  const { core, id } = ctx;
   try {
-    await core.commit([event("model_response", id, identity.response(turn, attempt), core.nowIso(), { turn, attempt, patch: toJson(reply.patch), usage: reply.usage ?? null })]);
+    await core.commit([response]);
   } catch (err) {
-    if (!(hasCode(err, "rejected") && (err as { reason?: string }).reason === "too_large")) throw err;
+    if (!isTooLarge(err)) throw err;
     // Too large to record durably: refuse it like an inadmissible patch, and say why.
-    const bytes = JSON.stringify(reply.patch ?? null).length;
+    const bytes = JSON.stringify(patch ?? null).length;
     await core.commit([
       event("patch_rejected", id, identity.rejected(turn, attempt), core.nowIso(), {
         turn,
@@ -111,8 +140,10 @@ async function callModel(
     return "again";
   }
   await core.faults?.("model:response-committed", { session: id, turn });
-  return { patch: reply.patch };
+  return "ok";
 }
+
+const isTooLarge = (err: unknown): boolean => hasCode(err, "rejected") && (err as { reason?: string }).reason === "too_large";
 
 /** Consecutive failed calls of a session's driver: when they began (ms) and how many. */
 const streaks = new WeakMap<SessionContext, { since: number; count: number }>();
@@ -162,23 +193,52 @@ async function modelFailed(ctx: SessionContext, turn: string, attempt: number, e
   return "again";
 }
 
-/** Admits a committed response. Returns true when accepted (or the round is over). */
-async function admitPatch(ctx: SessionContext, turn: string, attempt: number, patch: unknown): Promise<boolean> {
+/**
+ * Admits a response (admission is pure) and commits the verdict; a `response` not committed yet goes
+ * in the same commit (as safe as committing it first: a response is durable exactly when its verdict
+ * is, and a saved response is never requested again). Returns true when accepted (or the round is over).
+ */
+async function admitPatch(ctx: SessionContext, turn: string, attempt: number, patch: unknown, response: NewEvent | null): Promise<boolean> {
   const { core, id } = ctx;
   const s = ctx.session();
   const result = admit(admissionContext(s, core.headSeq()), patch, turn);
   const at = core.nowIso();
+  const verdict = !result.ok
+    ? [event("patch_rejected", id, identity.rejected(turn, attempt), at, { turn, attempt, code: result.code, reason: result.reason })]
+    : result.receipt.replay
+      ? []
+      : acceptedEvents(s, turn, attempt, patch, result.receipt, core.limits.maxIdle, at);
+  if (response !== null) {
+    try {
+      await core.commit([response, ...verdict]);
+      await core.faults?.("model:response-committed", { session: id, turn });
+      return logVerdict(ctx, turn, attempt, result, true) && (await afterAccepted(ctx, turn, result));
+    } catch (err) {
+      if (!isTooLarge(err)) throw err;
+      // Together too large for one commit: the response alone, then its verdict (judged again).
+      if ((await commitResponse(ctx, turn, attempt, response, patch)) === "again") return false;
+      return admitPatch(ctx, turn, attempt, patch, null);
+    }
+  }
+  if (verdict.length > 0) await core.commit(verdict);
+  return logVerdict(ctx, turn, attempt, result, false) && (await afterAccepted(ctx, turn, result));
+}
+
+/** Logs and counts the verdict; true when accepted. */
+function logVerdict(ctx: SessionContext, turn: string, attempt: number, result: Admission, withResponse: boolean): boolean {
+  const { core, id } = ctx;
   if (!result.ok) {
     core.metrics?.patchRejected(result.code);
     core.logger.info({ session: id, turn, attempt, code: result.code, reason: result.reason }, "patch rejected");
-    await core.commit([event("patch_rejected", id, identity.rejected(turn, attempt), at, { turn, attempt, code: result.code, reason: result.reason })]);
     return false;
   }
   const r = result.receipt;
-  if (r.replay) return true;
-  await core.commit(acceptedEvents(s, turn, attempt, patch, r, core.limits.maxIdle, at));
-  core.logger.info({ session: id, turn, revision: r.revision, new_cells: r.newCells.map((c) => c.id) }, "patch accepted");
-  await core.faults?.("patch:committed", { session: id, turn });
+  if (!r.replay) core.logger.info({ session: id, turn, revision: r.revision, new_cells: r.newCells.map((c) => c.id), withResponse }, "patch accepted");
+  return true;
+}
+
+async function afterAccepted(ctx: SessionContext, turn: string, result: Admission): Promise<boolean> {
+  if (result.ok && !result.receipt.replay) await ctx.core.faults?.("patch:committed", { session: ctx.id, turn });
   return true;
 }
 

@@ -12,7 +12,7 @@ import type { NewEvent } from "../state/events.js";
 import { event, identity } from "../state/events.js";
 import type { NextStep } from "../state/next-step.js";
 import { nextStep } from "../state/next-step.js";
-import type { SessionProjection } from "../state/projection.js";
+import type { ExecutionRecord, SessionProjection } from "../state/projection.js";
 import type { HarnessCore } from "./core.js";
 import { performControl } from "./controls.js";
 import { Executions } from "./executions.js";
@@ -34,6 +34,12 @@ export interface SessionContext {
   endRun(result: "success" | "failure", reason: string, before?: readonly NewEvent[]): Promise<void>;
   /** Asks the driver to look for work. */
   wake(): void;
+  /**
+   * Hands the driver events to commit with its next step (a finished cell's result and observation):
+   * they are committed before anything else the session does, and together with the next round's
+   * first commit when a round comes next.
+   */
+  carry(events: readonly NewEvent[]): void;
 }
 
 export class SessionDriver implements SessionContext {
@@ -50,6 +56,7 @@ export class SessionDriver implements SessionContext {
   private retryHandle: unknown = null;
   private readonly executions: Executions;
   private readonly timers: SessionTimers;
+  private carried: NewEvent[] = [];
 
   constructor(
     readonly core: HarnessCore,
@@ -67,6 +74,31 @@ export class SessionDriver implements SessionContext {
     const s = this.core.session(this.id);
     if (s === undefined) throw new Error(`session ${this.id} is not in the log`);
     return s;
+  }
+
+  carry(events: readonly NewEvent[]): void {
+    if (this.driving) {
+      // The driver is busy with something else (a model call): no waiting for it, commit now.
+      void this.core.commit(events).catch((err: unknown) => {
+        this.core.logger.error({ session: this.id, err }, "could not record an execution's result; the driver tries again");
+        this.recarry(events);
+        this.wake();
+      });
+      return;
+    }
+    this.carried.push(...events);
+    this.wake();
+  }
+
+  /**
+   * Puts back carried events whose commit failed, so the driver's next pass (or its retry after a
+   * back-off) commits them: a finished cell's result is never dropped while this owner runs. A batch
+   * is committed atomically, so its `execution_finished` in the log says whether it was committed.
+   */
+  private recarry(events: readonly NewEvent[]): void {
+    if (events.length === 0 || this.core.stopping()) return;
+    const done = events.some((e) => e.kind === "execution_finished" && this.core.session(this.id)?.executions.get(e.body.cell_id)?.phase === "finished");
+    if (!done) this.carried = [...events, ...this.carried];
   }
 
   /** Asks the driver to look for work. Cheap; coalesces. */
@@ -140,14 +172,26 @@ export class SessionDriver implements SessionContext {
   private async drive(): Promise<void> {
     this.lastError = null;
     let last: { step: string; seq: number } | null = null;
+    /** Carried events taken by this pass and maybe not committed yet (kept for the retry if it fails). */
+    let taken: readonly NewEvent[] = [];
     try {
       while (!this.core.stopping()) {
         this.again = false;
-        const s = this.session();
+        const carried = this.carried;
+        const s = carried.length > 0 ? speculate(this.session(), carried) : this.session();
         const now = this.core.world.clock.now();
-        this.timers.arm(s, now);
-        const step = nextStep({ session: s, limits: this.core.limits, now, busy: this.executions.busy });
-        if (step.kind === "ended" || step.kind === "wait") {
+        const step = s === null ? null : nextStep({ session: s, limits: this.core.limits, now, busy: this.executions.busy });
+        const roundNext = s !== null && step !== null && step.kind === "round" && step.prepare && !(s.blocked !== null && !this.retryBlocked);
+        if (carried.length > 0 && !roundNext) {
+          // What comes next is not a new round: the carried events go alone, now.
+          this.carried = [];
+          taken = carried;
+          await this.core.commit(carried);
+          taken = [];
+          continue;
+        }
+        this.timers.arm(this.session(), now);
+        if (s === null || step === null || step.kind === "ended" || step.kind === "wait") {
           this.retryMs = 0;
           return;
         }
@@ -158,10 +202,18 @@ export class SessionDriver implements SessionContext {
           throw new Error(`the driver of session ${this.id} made no progress: step ${name} committed nothing`);
         }
         last = { step: name, seq: s.last_seq };
+        if (carried.length > 0 && step.kind === "round") {
+          this.carried = [];
+          taken = carried;
+          await runRound(this, step, carried);
+          taken = [];
+          continue;
+        }
         await this.perform(step);
       }
     } catch (err) {
       this.lastError = err;
+      this.recarry(taken);
       if (err instanceof RunBlocked) this.retryBlocked = false;
       if (!this.core.stopping()) {
         if (err instanceof RunBlocked) this.core.logger.warn({ session: this.id, cause: err.cause, err: err.message }, "run blocked: waiting for an operator");
@@ -291,4 +343,45 @@ export class SessionDrivers {
   async stop(reason: "shutdown" | "fenced"): Promise<void> {
     await Promise.all([...this.drivers.values()].map((d) => d.stop(reason)));
   }
+}
+
+/**
+ * The session as it will be once `events` (a finished cell's `execution_finished`, its outputs and
+ * its `inbox_received`) are folded, for deciding the next step before they are committed; null for
+ * any other kind of event (then they are committed first). Nothing is copied but the changed entries.
+ */
+export function speculate(s: SessionProjection, events: readonly NewEvent[]): SessionProjection | null {
+  const executions = new Map<number, ExecutionRecord>();
+  const pending = [...s.pending];
+  for (const e of events) {
+    if (e.kind === "execution_finished") {
+      const ex = executions.get(e.body.cell_id) ?? s.executions.get(e.body.cell_id);
+      if (ex === undefined) return null;
+      executions.set(ex.cell_id, { ...ex, phase: "finished", result: e.body.result, unknown: e.body.unknown });
+    } else if (e.kind === "inbox_received") {
+      pending.push(e.body.observation.id);
+    } else if (e.kind !== "execution_output") return null;
+  }
+  return { ...s, executions: overlay(s.executions, executions), pending };
+}
+
+/** A read-only map: `base` with `changes` replacing some of its entries (no new keys). */
+function overlay<K, V>(base: ReadonlyMap<K, V>, changes: ReadonlyMap<K, V>): ReadonlyMap<K, V> {
+  const view: ReadonlyMap<K, V> = {
+    get: (k) => changes.get(k) ?? base.get(k),
+    has: (k) => base.has(k),
+    get size() {
+      return base.size;
+    },
+    forEach: (f) => base.forEach((v, k) => f(changes.get(k) ?? v, k, view)),
+    keys: () => base.keys(),
+    values: function* () {
+      for (const [k, v] of base) yield changes.get(k) ?? v;
+    } as unknown as ReadonlyMap<K, V>["values"],
+    entries: function* () {
+      for (const [k, v] of base) yield [k, changes.get(k) ?? v] as [K, V];
+    } as unknown as ReadonlyMap<K, V>["entries"],
+    [Symbol.iterator]: () => view.entries(),
+  };
+  return view;
 }

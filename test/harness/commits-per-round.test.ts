@@ -1,0 +1,61 @@
+/**
+ * A round with one cell costs at most 3 commits: (previous result + its observation + the next
+ * turn's preparation + attempt), (response + admission + queued execution), (`started`, alone,
+ * before the child runs). Counted through a Storage wrapper on the real sqlite adapter, with real
+ * `true` processes.
+ */
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { join } from "node:path";
+import type { NewEvent } from "../../src/state/events.js";
+import { Harness } from "../../src/harness/harness.js";
+import type { Model, ModelReply, ModelRequest } from "../../src/model/contract.js";
+import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
+import { tagBatches } from "../../chaos/support/tagging.js";
+import { tempDir } from "./support.js";
+
+/** Adds one `true` cell per round (removing the previous one), concludes after `rounds`. */
+class LoopModel implements Model {
+  readonly name = "loop";
+  constructor(private readonly rounds: number) {}
+  async step(req: ModelRequest): Promise<ModelReply> {
+    const s = req.state;
+    const ops: unknown[] = [{ op: "test", path: "/revision", value: s.revision }];
+    for (let i = s.cells.length - 1; i >= 0; i--) ops.push({ op: "remove", path: `/cells/${i}` });
+    const id = s.runtime.next_cell_id;
+    ops.push(
+      s.runtime.usage.rounds > this.rounds
+        ? { op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "note", text: "done", role: "conclusion", result: "success" } }
+        : { op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "cmd", argv: ["true"] } },
+    );
+    return { patch: ops, usage: { input_tokens: 1, output_tokens: 1 } };
+  }
+}
+
+test("a round with one `true` cell takes at most 3 commits, and `started` is committed alone", async (t) => {
+  const tmp = tempDir("cairn-commits-");
+  t.after(() => tmp.cleanup());
+  const batches: (readonly NewEvent[])[] = [];
+  const storage = tagBatches(createSqliteStorage({ dataDir: join(tmp.dir, "data") }), (events) => batches.push(events));
+  const rounds = 12;
+  const h = await Harness.open({ storage, name: "commits", model: new LoopModel(rounds), workDir: join(tmp.dir, "work") });
+  try {
+    const id = await h.start({ goal: "loop", cwd: tmp.dir });
+    const outcome = await h.wait(id);
+    assert.equal(outcome.result, "success", outcome.reason);
+  } finally {
+    await h.close();
+    await storage.close();
+  }
+  const kinds = batches.map((b) => b.map((e) => e.kind));
+  const started = kinds.filter((k) => k.includes("execution_started"));
+  assert.equal(started.length, rounds, "one cell per round ran");
+  assert.ok(started.every((k) => k.length === 1), "`started` is always a commit of its own");
+  // session_created, then `rounds` rounds with a cell, then the concluding round and run_ended.
+  const roundCommits = batches.length - 1;
+  const perRound = roundCommits / (rounds + 1);
+  assert.ok(perRound <= 3, `${roundCommits} commits for ${rounds + 1} rounds: ${perRound.toFixed(2)} per round, more than 3 (${JSON.stringify(kinds.slice(0, 8))})`);
+  const combined = kinds.filter((k) => k.includes("execution_finished") && k.includes("turn_prepared") && k.includes("model_attempt"));
+  assert.ok(combined.length >= rounds - 1, "a cell's result is committed together with the next round's preparation and attempt");
+  assert.ok(kinds.filter((k) => k.includes("model_response") && k.includes("patch_accepted")).length >= rounds, "responses are committed with their verdict");
+});
