@@ -95,7 +95,7 @@ export class Harness {
     this.timers = new TimerHousekeeping(this.core.timers, () => this.statusValue === "open");
     this.mailbox = new MailboxDelivery(this.core, db, (m) =>
       startRequested(m, { session: (id) => this.reducer.session(id), start: (o) => this.start({ ...o, cwd: this.submitCwd }), logger: this.logger }),
-    );
+    (deliver) => this.drivers.holding(deliver));
   }
 
   /**
@@ -164,7 +164,7 @@ export class Harness {
     await this.drivers.recoverAll(this.unfinished());
     await this.commit([sessionCreated(id, options, this.core.nowIso())]);
     this.metrics?.runStarted();
-    this.drivers.of(id).wake();
+    this.drivers.begin(id);
     return id;
   }
 

@@ -55,6 +55,8 @@ export class MailboxDelivery {
     private readonly db: Database,
     /** Handles a start request (start-request.ts): the run is started before later messages are judged. */
     private readonly onStart: ((m: PostedMessage) => Promise<void>) | null = null,
+    /** Runs one batch's delivery (the harness holds the drivers of runs it starts until it ends). */
+    private readonly around: (deliver: () => Promise<void>) => Promise<void> = (deliver) => deliver(),
   ) {}
 
   async drain(): Promise<void> {
@@ -67,7 +69,7 @@ export class MailboxDelivery {
       do {
         this.again = false;
         if (this.host.stopping()) return;
-        await this.drainOnce();
+        await this.around(() => this.drainOnce());
       } while (this.again);
     } catch (err) {
       if (!this.host.stopping()) this.host.logger.error({ err }, "could not drain the mailbox");

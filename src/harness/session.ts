@@ -288,6 +288,8 @@ function describe(step: Exclude<NextStep, { kind: "ended" | "wait" }>): string {
 export class SessionDrivers {
   private readonly drivers = new Map<string, SessionDriver>();
   private recovery: Promise<number> | null = null;
+  /** Sessions started while a mailbox batch is delivered (see `holding`): driven when it ends. */
+  private held: Set<string> | null = null;
 
   constructor(private readonly core: HarnessCore) {}
 
@@ -299,6 +301,30 @@ export class SessionDrivers {
       this.drivers.set(id, d);
     }
     return d;
+  }
+
+  /** Starts driving a session just created: now, or when the mailbox batch being delivered ends. */
+  begin(id: string): void {
+    if (this.held !== null) this.held.add(id);
+    else this.of(id).wake();
+  }
+
+  /**
+   * Runs `deliver` (one batch of the storage mailbox) holding the drivers of the sessions started
+   * meanwhile until it ends: a run started from the mailbox gets what was posted to it before its
+   * start in its first turn, instead of racing that turn's preparation (an observation committed
+   * after a turn was decided arrives a round later, and blocks a conclusion until then).
+   */
+  async holding(deliver: () => Promise<void>): Promise<void> {
+    if (this.held !== null) return deliver();
+    this.held = new Set();
+    try {
+      await deliver();
+    } finally {
+      const ids = this.held;
+      this.held = null;
+      for (const id of ids) this.of(id).wake();
+    }
   }
 
   /** The error that stopped `id`'s driver, if it has one and it stopped. */
