@@ -12,6 +12,7 @@ import { createReplicatedStorage } from "../../storage-adapters/replicated/index
 import { keysOf } from "../../storage-adapters/replicated/layout.js";
 import { hasError } from "../../src/storage/conformance/fixtures.js";
 import { devCluster, ev, tempDir } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
 
 let dc: Awaited<ReturnType<typeof devCluster>> | null = null;
 let client: Etcd3 | null = null;
@@ -129,3 +130,6 @@ test("duplicate refusal stays exact after compaction: on the machine that kept u
   assert.equal(log[0]!.identity, "old-0-0");
   await full.close();
 });
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/replicated/compaction.test.ts");
