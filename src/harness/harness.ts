@@ -36,7 +36,7 @@ import { chooseSessionId, startRequested } from "./start-request.js";
 import type { OutsideObservation } from "./observations.js";
 import { defaultLimits, type HarnessLimits } from "./options.js";
 import { resubmit } from "./round.js";
-import { SessionDrivers } from "./session.js";
+import { SessionDrivers } from "./drivers.js";
 import { TimerHousekeeping } from "./timers.js";
 import { defaultWorld, type HarnessWorld } from "./world.js";
 import type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
@@ -57,7 +57,6 @@ export class Harness {
   private readonly timers: TimerHousekeeping;
   private sessionsAllocated = 0;
   private closing: Promise<void> | null = null;
-  private resuming: Promise<{ sessions: string[]; recovered: number }> | null = null;
   private submitCwd = process.cwd();
   private readonly listeners: Listeners;
   private readonly core: HarnessCore;
@@ -175,17 +174,13 @@ export class Harness {
    */
   resume(): Promise<{ sessions: string[]; recovered: number }> {
     this.assertOpen();
-    this.resuming ??= this.resumeOnce().finally(() => (this.resuming = null));
-    return this.resuming;
-  }
-
-  private async resumeOnce(): Promise<{ sessions: string[]; recovered: number }> {
-    const unfinished = this.unfinished();
-    const recovered = await this.drivers.recoverAll(unfinished);
-    await this.drivers.resume(this.unfinished());
-    this.metrics?.resumed();
-    this.logger.info({ sessions: unfinished, recovered }, "resumed");
-    return { sessions: unfinished, recovered };
+    return this.drivers.resumeAll(
+      () => this.unfinished(),
+      (r) => {
+        this.metrics?.resumed();
+        this.logger.info(r, "resumed");
+      },
+    );
   }
 
   private unfinished(): string[] {

@@ -12,13 +12,14 @@ import type { NewEvent } from "../state/events.js";
 import { event, identity } from "../state/events.js";
 import type { NextStep } from "../state/next-step.js";
 import { nextStep } from "../state/next-step.js";
-import type { ExecutionRecord, SessionProjection } from "../state/projection.js";
+import type { SessionProjection } from "../state/projection.js";
 import type { HarnessCore } from "./core.js";
 import { performControl } from "./controls.js";
 import { Executions } from "./executions.js";
 import { runRound } from "./round.js";
 import { RunBlocked } from "./model-retry.js";
 import { SessionTimers } from "./timers.js";
+import { speculate } from "../state/speculate.js";
 
 export { splitText } from "./executions.js";
 
@@ -282,132 +283,4 @@ function describe(step: Exclude<NextStep, { kind: "ended" | "wait" }>): string {
     case "round":
       return `round:${step.turn}`;
   }
-}
-
-/** The drivers of one harness, one per session, made on first use. */
-export class SessionDrivers {
-  private readonly drivers = new Map<string, SessionDriver>();
-  private recovery: Promise<number> | null = null;
-  /** Sessions started while a mailbox batch is delivered (see `holding`): driven when it ends. */
-  private held: Set<string> | null = null;
-
-  constructor(private readonly core: HarnessCore) {}
-
-  /** The driver of `id`, made if needed. */
-  of(id: string): SessionDriver {
-    let d = this.drivers.get(id);
-    if (d === undefined) {
-      d = new SessionDriver(this.core, id);
-      this.drivers.set(id, d);
-    }
-    return d;
-  }
-
-  /** Starts driving a session just created: now, or when the mailbox batch being delivered ends. */
-  begin(id: string): void {
-    if (this.held !== null) this.held.add(id);
-    else this.of(id).wake();
-  }
-
-  /**
-   * Runs `deliver` (one batch of the storage mailbox) holding the drivers of the sessions started
-   * meanwhile until it ends: a run started from the mailbox gets what was posted to it before its
-   * start in its first turn, instead of racing that turn's preparation (an observation committed
-   * after a turn was decided arrives a round later, and blocks a conclusion until then).
-   */
-  async holding(deliver: () => Promise<void>): Promise<void> {
-    if (this.held !== null) return deliver();
-    this.held = new Set();
-    try {
-      await deliver();
-    } finally {
-      const ids = this.held;
-      this.held = null;
-      for (const id of ids) this.of(id).wake();
-    }
-  }
-
-  /** The error that stopped `id`'s driver, if it has one and it stopped. */
-  error(id: string): unknown {
-    return this.drivers.get(id)?.error ?? null;
-  }
-
-  /** Wakes the drivers that exist among `ids` (a commit touched their sessions). */
-  wake(ids: Iterable<string>): void {
-    for (const id of ids) this.drivers.get(id)?.wake();
-  }
-
-  /**
-   * Recovers the runs unfinished at open (`ids`), once per owner (survivors stopped, lost cells
-   * UnknownExecution): whichever command opened the database, before anything new is launched.
-   */
-  recoverAll(ids: readonly string[]): Promise<number> {
-    if (this.recovery === null) {
-      this.recovery = (async () => {
-        let n = 0;
-        for (const id of ids) n += await this.of(id).recover();
-        return n;
-      })();
-      this.recovery.catch(() => (this.recovery = null));
-    }
-    return this.recovery;
-  }
-
-  /** Recovers every session in `ids`, then wakes each. Resolves with the number of executions recovered. */
-  async resume(ids: readonly string[]): Promise<number> {
-    let recovered = 0;
-    for (const id of ids) recovered += await this.of(id).recover();
-    for (const id of ids) this.of(id).wake();
-    return recovered;
-  }
-
-  /** Resolves when no driver has anything in flight. */
-  async settled(): Promise<void> {
-    await Promise.all([...this.drivers.values()].map((d) => d.settled()));
-  }
-
-  async stop(reason: "shutdown" | "fenced"): Promise<void> {
-    await Promise.all([...this.drivers.values()].map((d) => d.stop(reason)));
-  }
-}
-
-/**
- * The session as it will be once `events` (a finished cell's `execution_finished`, its outputs and
- * its `inbox_received`) are folded, for deciding the next step before they are committed; null for
- * any other kind of event (then they are committed first). Nothing is copied but the changed entries.
- */
-export function speculate(s: SessionProjection, events: readonly NewEvent[]): SessionProjection | null {
-  const executions = new Map<number, ExecutionRecord>();
-  const pending = [...s.pending];
-  for (const e of events) {
-    if (e.kind === "execution_finished") {
-      const ex = executions.get(e.body.cell_id) ?? s.executions.get(e.body.cell_id);
-      if (ex === undefined) return null;
-      executions.set(ex.cell_id, { ...ex, phase: "finished", result: e.body.result, unknown: e.body.unknown });
-    } else if (e.kind === "inbox_received") {
-      pending.push(e.body.observation.id);
-    } else if (e.kind !== "execution_output") return null;
-  }
-  return { ...s, executions: overlay(s.executions, executions), pending };
-}
-
-/** A read-only map: `base` with `changes` replacing some of its entries (no new keys). */
-function overlay<K, V>(base: ReadonlyMap<K, V>, changes: ReadonlyMap<K, V>): ReadonlyMap<K, V> {
-  const view: ReadonlyMap<K, V> = {
-    get: (k) => changes.get(k) ?? base.get(k),
-    has: (k) => base.has(k),
-    get size() {
-      return base.size;
-    },
-    forEach: (f) => base.forEach((v, k) => f(changes.get(k) ?? v, k, view)),
-    keys: () => base.keys(),
-    values: function* () {
-      for (const [k, v] of base) yield changes.get(k) ?? v;
-    } as unknown as ReadonlyMap<K, V>["values"],
-    entries: function* () {
-      for (const [k, v] of base) yield [k, changes.get(k) ?? v] as [K, V];
-    } as unknown as ReadonlyMap<K, V>["entries"],
-    [Symbol.iterator]: () => view.entries(),
-  };
-  return view;
 }
