@@ -2,20 +2,21 @@
  * The nemesis from the command line:
  *
  *   node --import tsx chaos/nemesis/main.ts --seed N [--minutes M] [--faults F] [--runs R] [--keep]
- *                                          [--only KIND,...] [--sqlite-only]
+ *                                          [--only KIND,...] [--sqlite-only] [--host-per-worker]
  *   npm run chaos -- --long            (the soak profile: 30 minutes, seed from the clock unless given)
  *
  * Prints the seed first, progress while it runs, then the summary (faults by kind, operations by
  * outcome, anomalies, recovery times). Exit code 0 when the checker found no anomaly, 1 when it did
  * (with the seed and the minimal history excerpt of each), 2 on bad usage. The working directory
- * (history.jsonl, final/, effects/) is kept when the check fails or with --keep.
+ * (history.jsonl, final/, effects/) is kept when the check fails or with --keep. --host-per-worker
+ * gives each worker a host name of its own (a UTS namespace, root only), as if each were a machine.
  */
 import { parseArgs } from "node:util";
 import { removeRun, runNemesis } from "./run.js";
 import { FAULT_KINDS, type FaultKind } from "./schedule.js";
 
 function usage(message: string): never {
-  process.stderr.write(`nemesis: ${message}\nusage: node --import tsx chaos/nemesis/main.ts [--seed N] [--minutes M] [--faults F] [--runs R] [--long] [--keep] [--only KIND,...] [--sqlite-only]\n`);
+  process.stderr.write(`nemesis: ${message}\nusage: node --import tsx chaos/nemesis/main.ts [--seed N] [--minutes M] [--faults F] [--runs R] [--long] [--keep] [--only KIND,...] [--sqlite-only] [--host-per-worker]\n`);
   process.exit(2);
 }
 
@@ -23,7 +24,7 @@ async function main(): Promise<number> {
   let values: Record<string, string | boolean | undefined>;
   try {
     ({ values } = parseArgs({
-      options: { seed: { type: "string" }, minutes: { type: "string" }, faults: { type: "string" }, runs: { type: "string" }, long: { type: "boolean" }, keep: { type: "boolean" }, only: { type: "string" }, "sqlite-only": { type: "boolean" } },
+      options: { seed: { type: "string" }, minutes: { type: "string" }, faults: { type: "string" }, runs: { type: "string" }, long: { type: "boolean" }, keep: { type: "boolean" }, only: { type: "string" }, "sqlite-only": { type: "boolean" }, "host-per-worker": { type: "boolean" } },
       strict: true,
     }));
   } catch (err) {
@@ -51,7 +52,7 @@ async function main(): Promise<number> {
     }
   }
   process.stdout.write(`nemesis: seed ${seed} (replay with --seed ${seed})\n`);
-  const r = await runNemesis({ seed, faults, spanMs, runs, keep: values.keep === true, ...(weights ? { weights } : {}), ...(values["sqlite-only"] ? { replicated: false } : {}), log: (l) => process.stdout.write(`${l}\n`), settleLimitMs: Math.max(180_000, spanMs) });
+  const r = await runNemesis({ seed, faults, spanMs, runs, keep: values.keep === true, ...(weights ? { weights } : {}), ...(values["sqlite-only"] ? { replicated: false } : {}), ...(values["host-per-worker"] ? { hostPerWorker: true } : {}), log: (l) => process.stdout.write(`${l}\n`), settleLimitMs: Math.max(180_000, spanMs) });
   process.stdout.write(`${r.summary}\n`);
   if (r.failure !== "") {
     process.stdout.write(`${r.failure}\nthe history, final logs and effect files are in ${r.root}\n`);

@@ -45,6 +45,13 @@ export interface NemesisOptions {
   readonly replicated?: boolean;
   /** Only these fault kinds, with these weights (default: every kind, see WEIGHTS). */
   readonly weights?: Partial<Record<FaultKind, number>>;
+  /**
+   * Run each worker in its own UTS namespace with its own host name (root and `unshare` needed), as if
+   * every worker were a machine of its own: recovery then cannot check or stop an earlier owner's
+   * surviving cells (they ran on "another host"), so only the lease wait keeps them from overlapping
+   * a newer owner's cells. Default: every worker on this host (recovery stops survivors itself).
+   */
+  readonly hostPerWorker?: boolean;
 }
 
 export interface NemesisResult {
@@ -134,7 +141,8 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
   const useReplicated = (o.replicated ?? has("etcd")) && noFirewall === null;
   if (process.env.CI && noFirewall !== null) throw new Error(`the nemesis cannot run its network faults in CI: ${noFirewall}`);
   if (process.env.CI && !useReplicated) throw new Error("the nemesis needs etcd in CI (installed by .ci/run)");
-  log(`nemesis: seed ${o.seed}, ${o.faults} faults over ${o.spanMs} ms, ${o.runs} runs; working dir ${root}`);
+  if (o.hostPerWorker && process.getuid?.() !== 0) throw new Error("the nemesis needs root for --host-per-worker (each worker gets its own UTS namespace); run it as root or without that flag");
+  log(`nemesis: seed ${o.seed}, ${o.faults} faults over ${o.spanMs} ms, ${o.runs} runs${o.hostPerWorker ? ", a host name per worker" : ""}; working dir ${root}`);
 
   try {
     const built = await bundle();
@@ -229,12 +237,20 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
       const base: NodeJS.ProcessEnv = {};
       for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("CAIRN_") && !k.startsWith("NODE_TEST")) base[k] = v;
       const env = db.user ? { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: nobodyHome, TMPDIR: join(nobodyHome, "tmp"), NODE_NO_WARNINGS: "1", ...extra } : { ...base, NODE_NO_WARNINGS: "1", ...extra };
-      const child = spawn(process.execPath, [built.worker, JSON.stringify(cfg)], {
-        cwd: REPO,
-        env,
-        stdio: ["ignore", "pipe", "pipe"],
-        ...(db.user ? { uid: db.user.uid, gid: db.user.gid } : {}),
-      });
+      // hostPerWorker: unshare execs sh, which names the new UTS namespace, drops to the worker's user
+      // if it has one, and execs node: the child's pid stays the worker's, for the signals.
+      const ownHost = o.hostPerWorker === true;
+      const drop = db.user ? `setpriv --reuid=${db.user.uid} --regid=${db.user.gid} --clear-groups ` : "";
+      const child = spawn(
+        ownHost ? "unshare" : process.execPath,
+        ownHost ? ["--uts", "sh", "-c", `hostname "$0" && exec ${drop}"$@"`, `nemesis-${worker}`, process.execPath, built.worker, JSON.stringify(cfg)] : [built.worker, JSON.stringify(cfg)],
+        {
+          cwd: REPO,
+          env,
+          stdio: ["ignore", "pipe", "pipe"],
+          ...(db.user && !ownHost ? { uid: db.user.uid, gid: db.user.gid } : {}),
+        },
+      );
       const p: Proc = {
         db: db.name,
         worker,
