@@ -1,8 +1,8 @@
 /**
  * Breaks the harness on purpose and shows that the nemesis catches each break (issue 11):
  *
- *   node --import tsx chaos/breaks/run.ts [--seed N] [--control] [--keep] [a b c d ...]
- *   npm run chaos:breaks -- [--seed N] [--control] [--keep] [a b c d ...]
+ *   node --import tsx chaos/breaks/run.ts [--seed N] [--control] [--keep] [--profile "ARGS"] [a b c d ...]
+ *   npm run chaos:breaks -- [--seed N] [--control] [--keep] [--profile "ARGS"] [a b c d ...]
  *
  * For each break named (all four by default, see breaks.ts): a scratch copy of the repository's
  * tracked files (node_modules linked), the break's patch applied with `git apply`, the nemesis run
@@ -11,7 +11,7 @@
  * from the checker run again over the kept history, final logs and effect files (the nemesis prints
  * only the first 20 anomalies). The scratch copy and the nemesis's working directory are removed
  * afterwards (kept with --keep). `--control` runs the same profiles on the unpatched copy, where the
- * checker must find nothing. Needs what the nemesis needs (root, iptables, etcd); a run takes a few
+ * checker must find nothing. `--profile` replaces the breaks' own nemesis arguments (to try another). Needs what the nemesis needs (root, iptables, etcd); a run takes a few
  * minutes. Exit code 0 when every break was caught (with --control: when no run found an anomaly),
  * 1 otherwise, 2 on bad usage. Not part of `npm test` (patches.test.ts only checks that the patches apply).
  */
@@ -50,7 +50,7 @@ interface Outcome {
 const out = (s: string) => process.stdout.write(`${s}\n`);
 
 function usage(message: string): never {
-  process.stderr.write(`chaos:breaks: ${message}\nusage: node --import tsx chaos/breaks/run.ts [--seed N] [--control] [--keep] [${BREAKS.map((b) => b.id).join(" ")} ...]\n`);
+  process.stderr.write(`chaos:breaks: ${message}\nusage: node --import tsx chaos/breaks/run.ts [--seed N] [--control] [--keep] [--profile "ARGS"] [${BREAKS.map((b) => b.id).join(" ")} ...]\n`);
   process.exit(2);
 }
 
@@ -172,7 +172,7 @@ function describe(o: Outcome): string[] {
 async function main(): Promise<number> {
   let parsed: { values: Record<string, string | boolean | undefined>; positionals: string[] };
   try {
-    parsed = parseArgs({ options: { seed: { type: "string" }, control: { type: "boolean" }, keep: { type: "boolean" } }, allowPositionals: true, strict: true });
+    parsed = parseArgs({ options: { seed: { type: "string" }, control: { type: "boolean" }, keep: { type: "boolean" }, profile: { type: "string" } }, allowPositionals: true, strict: true });
   } catch (err) {
     usage((err as Error).message);
   }
@@ -188,6 +188,11 @@ async function main(): Promise<number> {
   }
   const control = values.control === true;
   const keep = values.keep === true;
+  if (typeof values.profile === "string") {
+    const profile = values.profile.split(/\s+/).filter((a) => a !== "");
+    if (profile.includes("--seed") || profile.includes("--keep")) usage("--profile must not hold --seed or --keep (the runner adds them)");
+    chosen = chosen.map((b) => ({ ...b, profile }));
+  }
   // Every patch must apply to the tree as it is before minutes go into the first run.
   if (!control) for (const b of chosen) applyPatch(REPO, patchPath(b), true);
   const outcomes: Outcome[] = [];
