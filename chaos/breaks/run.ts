@@ -162,7 +162,7 @@ function describe(o: Outcome): string[] {
   for (const [check, f] of [...o.fired].sort((x, y) => y[1].count - x[1].count)) {
     lines.push(`  [${check}] x${f.count} (${[...f.dbs].map(([db, n]) => `${db} ${n}`).join(", ")})${o.b.expect.includes(check) ? " (expected)" : ""}`);
     lines.push(`    first: ${f.first.message}`);
-    if (f.first.excerpt[0] !== undefined) lines.push(`    excerpt: ${f.first.excerpt[0].slice(0, 300)}`);
+    for (const x of f.first.excerpt.slice(0, 2)) lines.push(`    excerpt: ${x.slice(0, 300)}`);
   }
   if (o.note !== "") lines.push(`  note: ${o.note}`);
   for (const l of o.summary.split("\n")) if (l.trim() !== "") lines.push(`  | ${l.trim()}`);
