@@ -5,7 +5,7 @@
  * that every patch still applies to the tree, so that they cannot rot silently.
  */
 import { execFileSync } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, copyFileSync, realpathSync, rmSync, symlinkSync, lstatSync, readlinkSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, copyFileSync, realpathSync, rmSync, symlinkSync, lstatSync, readlinkSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -79,6 +79,8 @@ export function patchPath(b: Break): string {
  */
 export function scratchCopy(repo = REPO): string {
   const dir = mkdtempSync(join(tmpdir(), "cairn-break-"));
+  // The replicated workers run as `nobody` from files under it (the bundles under node_modules/.cache).
+  chmodSync(dir, 0o755);
   const files = execFileSync("git", ["ls-files", "-z"], { cwd: repo, encoding: "utf8", maxBuffer: 64 << 20 }).split("\0").filter((f) => f !== "");
   for (const f of files) {
     const from = join(repo, f);

@@ -80,12 +80,13 @@ function recheck(root: string, profile: readonly string[]): Anomaly[] {
   return check({ history, finals, effects, floor: floorOf(profile) }).anomalies;
 }
 
-let current: { child: ReturnType<typeof spawn> | null; scratch: string | null } = { child: null, scratch: null };
+/** What an interrupt must clean up. */
+let current: { child: ReturnType<typeof spawn> | null; scratch: string | null; root: string | null } = { child: null, scratch: null, root: null };
 
 async function runOne(b: Break, seed: number, control: boolean, keep: boolean): Promise<Outcome> {
   const t0 = Date.now();
   const scratch = scratchCopy();
-  current = { child: null, scratch };
+  current = { child: null, scratch, root: null };
   const logFile = join(tmpdir(), `cairn-break-${control ? "control-" : ""}${b.id}-seed${seed}-${process.pid}.log`);
   try {
     if (!control) applyPatch(scratch, patchPath(b));
@@ -103,7 +104,9 @@ async function runOne(b: Break, seed: number, control: boolean, keep: boolean): 
       partial = lines.pop() ?? "";
       for (const l of lines) {
         text += `${l}\n`;
-        if (/^nemesis( seed|:)/.test(l)) out(`[${b.id}] ${l.slice(0, 240)}`);
+        const wd = /^nemesis: seed .*; working dir (\S+)$/.exec(l);
+        if (wd !== null) current.root = wd[1]!;
+        if (/^nemesis( seed|: (seed|fault phase|settled|the runs did not|\d+ anomalies))/.test(l)) out(`[${b.id}] ${l.slice(0, 240)}`);
       }
     };
     child.stdout!.on("data", onData);
@@ -150,7 +153,7 @@ async function runOne(b: Break, seed: number, control: boolean, keep: boolean): 
   } finally {
     if (keep) out(`[${b.id}] kept the scratch copy ${scratch}`);
     else removeScratch(scratch);
-    current = { child: null, scratch: null };
+    current = { child: null, scratch: null, root: null };
   }
 }
 
@@ -214,7 +217,7 @@ async function main(): Promise<number> {
 }
 
 const stop = () => {
-  const { child, scratch } = current;
+  const { child, scratch, root } = current;
   if (child?.pid !== undefined) {
     try {
       process.kill(-child.pid, "SIGINT");
@@ -231,6 +234,7 @@ const stop = () => {
       }
     }
     if (scratch !== null) removeScratch(scratch);
+    if (root !== null) removeRun(root);
     process.exit(130);
   }, 5000).unref();
 };
