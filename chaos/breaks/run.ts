@@ -1,8 +1,8 @@
 /**
  * Breaks the harness on purpose and shows that the nemesis catches each break (issue 11):
  *
- *   node --import tsx chaos/breaks/run.ts [--seed N] [--control] [--keep] [--profile "ARGS"] [a b c d ...]
- *   npm run chaos:breaks -- [--seed N] [--control] [--keep] [--profile "ARGS"] [a b c d ...]
+ *   node --import tsx chaos/breaks/run.ts [--seed N] [--control] [--keep] [--profile="ARGS"] [a b c d ...]
+ *   npm run chaos:breaks -- [--seed N] [--control] [--keep] [--profile="ARGS"] [a b c d ...]
  *
  * For each break named (all four by default, see breaks.ts): a scratch copy of the repository's
  * tracked files (node_modules linked), the break's patch applied with `git apply`, the nemesis run
@@ -50,7 +50,7 @@ interface Outcome {
 const out = (s: string) => process.stdout.write(`${s}\n`);
 
 function usage(message: string): never {
-  process.stderr.write(`chaos:breaks: ${message}\nusage: node --import tsx chaos/breaks/run.ts [--seed N] [--control] [--keep] [--profile "ARGS"] [${BREAKS.map((b) => b.id).join(" ")} ...]\n`);
+  process.stderr.write(`chaos:breaks: ${message}\nusage: node --import tsx chaos/breaks/run.ts [--seed N] [--control] [--keep] [--profile="ARGS"] [${BREAKS.map((b) => b.id).join(" ")} ...]\n`);
   process.exit(2);
 }
 
