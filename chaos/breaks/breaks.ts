@@ -49,7 +49,7 @@ export const BREAKS: readonly Break[] = [
     name: "skipping the wait for the old lease",
     patch: "c-skip-lease-wait.patch",
     where: "Harness.open no longer awaits awaitPrevious (the earlier owners' liveness leases)",
-    profile: ["--minutes", "2", "--faults", "120", "--runs", "40", "--only", "kill-worker", "--sqlite-only", "--host-per-worker"],
+    profile: ["--minutes", "2", "--runs", "40", "--only", "race-opener,pause-worker", "--sqlite-only", "--host-per-worker"],
     expect: ["effect-after-newer-owner"],
   },
   {
