@@ -41,7 +41,7 @@ function pidAlive(pid: number): boolean {
   }
 }
 
-function isLive(row: Row, now: number): boolean {
+function isLive(row: Pick<Row, "host" | "pid" | "renewed_ms" | "ttl_ms">, now: number): boolean {
   if (now - row.renewed_ms >= row.ttl_ms) return false;
   if (row.host === hostname() && !pidAlive(row.pid)) return false;
   return true;
@@ -72,8 +72,7 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
   const oldestWaiter = (conn: BetterSqlite3.Database, now: number): string | undefined => {
     const rows = conn.prepare<[], { qid: number; token: string; host: string; pid: number; renewed_ms: number; ttl_ms: number }>("SELECT qid, token, host, pid, renewed_ms, ttl_ms FROM waiting ORDER BY qid").all();
     for (const w of rows) {
-      const live = now - w.renewed_ms < w.ttl_ms && !(w.host === hostname() && !pidAlive(w.pid));
-      if (live) return w.token;
+      if (isLive(w, now)) return w.token;
       conn.prepare("DELETE FROM waiting WHERE qid = ?").run(w.qid);
     }
     return undefined;

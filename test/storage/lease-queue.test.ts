@@ -1,7 +1,7 @@
 /**
  * The owner lease's waiters' queue (issue 9, restart-always schedulers): a lease that falls free goes
  * to the oldest live waiter, so a worker restarted by its scheduler queues behind the standby that
- * waited longer instead of racing it. A waiter that withdraws, or whose process is SIGKILLed, drops
+ * waited longer instead of racing it. A waiter that withdraws, or whose process is SIGKILLed or frozen, drops
  * out; `force` (an operator's takeover) ignores the queue. On sqlite and on a real etcd cluster.
  */
 import assert from "node:assert/strict";
@@ -20,7 +20,7 @@ import { exitAfterTests } from "../support/exit.js";
 const me = (role: string): OwnerInfo => ({ host: hostname(), pid: process.pid, since: new Date().toISOString(), epoch: null, role });
 
 /** A child process that joins the queue of `name`, says so, and waits to be killed. */
-async function queuedChild(storageCode: string, name: string): Promise<{ kill: () => Promise<void> }> {
+async function queuedChild(storageCode: string, name: string): Promise<{ freeze: () => void; kill: () => Promise<void> }> {
   const script = `
     ${storageCode}
     await s.leases.enqueue(${JSON.stringify(name)}, { host: (await import("node:os")).hostname(), pid: process.pid, since: new Date().toISOString(), epoch: null, role: "serve" });
@@ -35,7 +35,10 @@ async function queuedChild(storageCode: string, name: string): Promise<{ kill: (
     child.once("exit", (code) => reject(new Error(`the queued child exited ${code}: ${err.slice(-2000)}`)));
   });
   return {
+    /** SIGSTOP: silent, alive, no longer renewing its place (SIGCONT and SIGKILL come with `kill`). */
+    freeze: () => void child.kill("SIGSTOP"),
     kill: async () => {
+      child.kill("SIGCONT");
       const exited = new Promise((r) => child.once("exit", r));
       child.kill("SIGKILL");
       await exited;
@@ -97,6 +100,26 @@ function suite(adapter: string, setup: () => Promise<{ a: Storage; b: Storage; c
       }
       assert.ok(got, "a killed waiter drops out (at once on sqlite, after its lease length on etcd)");
       await got.release();
+    });
+
+    it("a waiter that is frozen (SIGSTOP: alive, silent) drops out after the lease length", async () => {
+      const leases = env.a.leases!;
+      const frozen = await queuedChild(env.childStorage, "q5");
+      const waiting = await leases.enqueue("q5", me("serve"));
+      try {
+        assert.equal(await leases.acquire("q5", me("serve"), { ticket: waiting }), null, "the live child waiter goes first");
+        frozen.freeze();
+        let got = null;
+        const end = Date.now() + 60_000;
+        while (got === null && Date.now() < end) {
+          got = await leases.acquire("q5", me("serve"), { ticket: waiting });
+          if (got === null) await sleep(200);
+        }
+        assert.ok(got, "a frozen waiter stops renewing its place and drops out; the next one takes the lease");
+        await got.release();
+      } finally {
+        await frozen.kill();
+      }
     });
 
     it("force (an operator's takeover) ignores the queue", async () => {
