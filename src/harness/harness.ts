@@ -22,15 +22,14 @@ import { Reducer } from "../state/reducer.js";
 import type { Database, DatabaseSignal, DatabaseStats, Storage } from "../storage/contract.js";
 import { loadProjection, type SnapshotPolicy } from "../storage/snapshots.js";
 import { Snapshotter } from "./snapshotter.js";
-import { ResetError, StorageFailure } from "../storage/errors.js";
-import { CairnError, ConfigError, hasCode } from "../errors.js";
+import { ResetError } from "../storage/errors.js";
+import { CairnError, ConfigError } from "../errors.js";
 import type { Model } from "../model/contract.js";
 import { reportGauges } from "../observability/gauges.js";
 import type { Metrics } from "../observability/metrics.js";
 import { createCore, type HarnessCore, type HarnessFaults } from "./core.js";
-import type { Inspection } from "./inspect.js";
-import { awaitPrevious, guardLease } from "./lease.js";
-import { summarize } from "./inspect.js";
+import { summarize, type Inspection } from "./inspect.js";
+import { guardLease, openAfterPrevious } from "./lease.js";
 import { MailboxDelivery, postObservation } from "./mailbox.js";
 import { chooseSessionId, startRequested } from "./start-request.js";
 import type { OutsideObservation } from "./observations.js";
@@ -40,8 +39,9 @@ import { SessionDrivers } from "./drivers.js";
 import { TimerHousekeeping } from "./timers.js";
 import { defaultWorld, type HarnessWorld } from "./world.js";
 import type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
-import { Listeners } from "./listeners.js";
+import { Listeners, runOutcome } from "./listeners.js";
 import { foldCommitted } from "./fold.js";
+import { commitFailure, settleWithin, STOP_MESSAGES, type StopReason } from "./stop.js";
 
 export type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
 
@@ -61,24 +61,22 @@ export class Harness {
   private readonly listeners: Listeners;
   private readonly core: HarnessCore;
 
+  readonly logger: Logger;
+  readonly metrics: Metrics | null;
+
   private constructor(
     private readonly db: Database,
     private readonly storage: Storage,
     readonly name: string,
-    model: Model,
-    world: HarnessWorld,
-    readonly logger: Logger,
-    readonly metrics: Metrics | null,
-    limits: HarnessLimits,
-    workDir: string,
-    faults: HarnessFaults | null,
+    parts: { model: Model; world: HarnessWorld; logger: Logger; metrics: Metrics | null; limits: HarnessLimits; faults: HarnessFaults | null; scriptDir: string },
     snapshots: Partial<SnapshotPolicy> | false | undefined,
   ) {
-    this.snapshotter = new Snapshotter(db, logger, snapshots);
-    const scriptDir = join(workDir, "scripts", name);
-    mkdirSync(scriptDir, { recursive: true, mode: 0o700 });
+    this.logger = parts.logger;
+    this.metrics = parts.metrics;
+    this.snapshotter = new Snapshotter(db, parts.logger, snapshots);
+    mkdirSync(parts.scriptDir, { recursive: true, mode: 0o700 });
     this.core = createCore(
-      { name, world, model, limits, logger, metrics, faults, scriptDir },
+      { name, ...parts },
       {
         commit: (events) => this.commit(events),
         session: (id) => this.reducer.session(id),
@@ -89,7 +87,7 @@ export class Harness {
         timerSocket: () => this.timers.socket(),
       },
     );
-    this.listeners = new Listeners(logger);
+    this.listeners = new Listeners(parts.logger);
     this.drivers = new SessionDrivers(this.core);
     this.timers = new TimerHousekeeping(this.core.timers, () => this.statusValue === "open");
     this.mailbox = new MailboxDelivery(this.core, db, (m) =>
@@ -105,18 +103,14 @@ export class Harness {
   static async open(options: HarnessOpenOptions): Promise<Harness> {
     const logger = options.logger ?? pino({ level: "silent" });
     const world = options.world ?? defaultWorld();
-    const limits = defaultLimits(options.limits);
     const workDir = options.workDir ?? join(tmpdir(), "cairn");
-    const db = await options.storage.open(options.name, { create: options.create ?? true });
+    // Launch nothing while an earlier owner's lease may still run (its cells may still act).
+    const db = await openAfterPrevious(options.storage, options.name, options.create ?? true, logger.child({ db: options.name }));
+    let h: Harness;
     try {
-      // Launch nothing while an earlier owner's lease may still run (its cells may still act).
-      await awaitPrevious(db, logger.child({ db: options.name }));
-    } catch (err) {
-      await db.close().catch(() => undefined);
-      throw err;
-    }
-    const h = new Harness(db, options.storage, options.name, options.model, world, logger.child({ db: options.name, epoch: db.epoch, host: world.host }), options.metrics ?? null, limits, workDir, options.faults ?? null, options.snapshots);
-    try {
+      const parts = { model: options.model, world, limits: defaultLimits(options.limits), metrics: options.metrics ?? null, faults: options.faults ?? null };
+      const scriptDir = join(workDir, "scripts", options.name);
+      h = new Harness(db, options.storage, options.name, { ...parts, scriptDir, logger: logger.child({ db: options.name, epoch: db.epoch, host: world.host }) }, options.snapshots);
       h.reducer = await loadProjection(db);
       h.unwatch = db.watch((signal) => h.onSignal(signal));
       guardLease(h, db, h.logger);
@@ -229,15 +223,8 @@ export class Harness {
    * fenced, StorageFailure when poisoned) if it stops first.
    */
   wait(session: string): Promise<RunOutcome> {
-    return this.listeners.until(session, () => {
-      const s = this.reducer.session(session);
-      if (s?.terminal) return { ok: true, value: { session, result: s.terminal.result, reason: s.terminal.reason } };
-      if (this.statusValue !== "open") {
-        return { ok: false, error: this.stopError ?? new CairnError("internal", `the harness for "${this.name}" was closed before session ${session} ended`) };
-      }
-      const error = this.drivers.error(session);
-      return error ? { ok: false, error } : null;
-    });
+    const stopped = () => (this.statusValue === "open" ? null : this.stopped(` before session ${session} ended`));
+    return this.listeners.until(session, () => runOutcome(session, this.reducer.session(session), stopped(), this.drivers.error(session)));
   }
 
   /** Resolves when no driver has anything in flight (tests and shutdown use it). */
@@ -259,26 +246,20 @@ export class Harness {
     const wasOpen = this.statusValue === "open";
     this.statusValue = "closed";
     await this.shutdown("shutdown");
-    if (wasOpen) this.emitStop();
-    if (wasOpen) await Promise.all([this.chain.catch(() => undefined), this.snapshotter.settled()]);
-    else {
-      // Already stopped (fenced, poisoned, or the ownership lease lost while cut off from the
-      // storage): a commit or snapshot write still in flight may wait for a quorum this process
-      // cannot reach (--on-outage wait). Its outcome no longer matters here (the next owner reads the
-      // truth), so close does not wait for it beyond a moment.
-      await Promise.race([
-        Promise.all([this.chain.catch(() => undefined), this.snapshotter.settled()]),
-        new Promise<void>((resolve) => setTimeout(resolve, 250).unref()),
-      ]);
-    }
+    if (wasOpen) this.listeners.stopped(this.statusValue, this.stopError);
+    // Already stopped (fenced, poisoned, lease lost while cut off): a write in flight may wait for a
+    // quorum this process cannot reach, so close waits for it only a moment.
+    await settleWithin(Promise.all([this.chain.catch(() => undefined), this.snapshotter.settled()]), wasOpen ? Infinity : 250);
     await this.db.close().catch(() => undefined);
   }
 
-  // ---- internals -------------------------------------------------------------------------------
-
   private assertOpen(): void {
-    if (this.statusValue === "open") return;
-    throw this.stopError ?? new CairnError("internal", `the harness for "${this.name}" is closed`);
+    if (this.statusValue !== "open") throw this.stopped("");
+  }
+
+  /** Why this harness no longer acts: its stop error, or (closed by its caller) a plain one. */
+  private stopped(when: string): CairnError {
+    return this.stopError ?? new CairnError("internal", `the harness for "${this.name}" was closed${when}`);
   }
 
   /** The one commit path: serialized, folded, followed. */
@@ -312,22 +293,15 @@ export class Harness {
     for (const e of logged) if (e.kind === "patch_accepted") consumed = true;
     if (consumed) void this.mailbox.drain();
     this.drivers.wake(sessions);
-    this.reportGauges();
+    this.refreshMetrics();
     this.metrics?.lastProgress(this.core.world.clock.now() / 1000);
     for (const e of logged) if (e.kind === "run_ended") this.metrics?.runEnded(e.body.result);
   }
 
   private onCommitError(err: unknown, seconds: number, n: number): void {
-    const adapter = this.storage.adapter;
-    if (err instanceof ResetError || hasCode(err, "reset")) {
-      this.metrics?.commit(adapter, "fenced", seconds, n);
-      void this.becomeStopped("fenced", err as CairnError);
-    } else if (err instanceof StorageFailure || hasCode(err, "uncertain")) {
-      this.metrics?.commit(adapter, "uncertain", seconds, n);
-      void this.becomeStopped("poisoned", err as CairnError);
-    } else if (hasCode(err, "rejected")) {
-      this.metrics?.commit(adapter, "rejected", seconds, n);
-    }
+    const failure = commitFailure(err);
+    if (failure !== null) this.metrics?.commit(this.storage.adapter, failure === "poisoned" ? "uncertain" : failure, seconds, n);
+    if (failure === "fenced" || failure === "poisoned") void this.becomeStopped(failure, err as CairnError);
   }
 
   private onSignal(signal: DatabaseSignal): void {
@@ -348,25 +322,18 @@ export class Harness {
     return { stats: this.db.stats(), leaseHeld: this.db.lease ? this.db.lease.held() : null };
   }
 
-  private async becomeStopped(status: "fenced" | "poisoned" | "unreachable", error: CairnError): Promise<void> {
+  private async becomeStopped(status: StopReason, error: CairnError): Promise<void> {
     if (this.statusValue !== "open") return;
     this.statusValue = status;
     this.stopError = error;
-    if (status === "fenced") {
-      this.metrics?.fenced();
-      this.logger.error({ err: error.message }, "fenced: another process opened this database; launching nothing more and stopping running cells");
-    } else if (status === "poisoned") {
-      this.logger.error({ err: error.message }, "a commit's outcome is unknown; the handle is poisoned: reopen to read the truth");
-    }
+    if (status === "fenced") this.metrics?.fenced();
+    const message = STOP_MESSAGES[status];
+    if (message !== undefined) this.logger.error({ err: error.message }, message);
     await this.shutdown(status);
-    this.emitStop();
-  }
-
-  private emitStop(): void {
     this.listeners.stopped(this.statusValue, this.stopError);
   }
 
-  private async shutdown(reason: "shutdown" | "fenced" | "poisoned" | "unreachable"): Promise<void> {
+  private async shutdown(reason: "shutdown" | StopReason): Promise<void> {
     this.timers.sleeper.wakeAll(); // a round sleeping in its back-off ends now, before the drivers stop
     this.unwatch?.();
     this.unwatch = null;
@@ -376,10 +343,6 @@ export class Harness {
 
   /** Sets every gauge from the projection and the storage's stats (serve calls it on each scrape). */
   refreshMetrics(): void {
-    this.reportGauges();
-  }
-
-  private reportGauges(): void {
     if (this.metrics !== null) reportGauges(this.metrics, this.reducer.projection(), this.db.stats());
   }
 }

@@ -1,9 +1,9 @@
 /**
  * Self-fencing by the owner's lease (issue 14): what a harness does with `Database.lease`.
  *
- * - Before a new owner launches anything, every earlier owner's lease must be gone (`awaitPrevious`,
- *   called by `Harness.open` right after the claim): an owner cut off from the cluster may still be
- *   running cells, and it stops them before its lease can have expired.
+ * - Before a new owner launches anything, every earlier owner's lease must be gone
+ *   (`openAfterPrevious`, which `Harness.open` calls to claim the database): an owner cut off from
+ *   the cluster may still be running cells, and it stops them before its lease can have expired.
  * - When this owner's lease is lost (it could not renew in time: cut off, or its renewals went
  *   unanswered), `guardLease` SIGKILLs the process groups of the cells it launched on this host at
  *   once (no grace: the lease deadline counts), then stops the harness (status "unreachable"): no
@@ -17,11 +17,27 @@ import type { Logger } from "pino";
 import { hostName } from "../exec/identity.js";
 import { signalGroup } from "../exec/group.js";
 import type { LogEvent } from "../state/events.js";
-import type { Database } from "../storage/contract.js";
+import type { Database, Storage } from "../storage/contract.js";
 import { StorageUnavailable } from "../storage/errors.js";
 
+/**
+ * Opens `name` on `storage` (claiming it: every earlier opener is fenced) and returns only once every
+ * earlier owner's lease is gone: an earlier owner's cells may still act until then, so nothing may
+ * launch before. When the wait fails, the handle is closed again.
+ */
+export async function openAfterPrevious(storage: Storage, name: string, create: boolean, logger: Logger): Promise<Database> {
+  const db = await storage.open(name, { create });
+  try {
+    await awaitPrevious(db, logger);
+    return db;
+  } catch (err) {
+    await db.close().catch(() => undefined);
+    throw err;
+  }
+}
+
 /** Waits until every earlier owner's lease is gone (no wait without a lease, or when none is left). */
-export async function awaitPrevious(db: Database, logger: Logger): Promise<void> {
+async function awaitPrevious(db: Database, logger: Logger): Promise<void> {
   const lease = db.lease;
   if (lease === undefined) return;
   const t0 = performance.now();

@@ -6,7 +6,22 @@
 import type { Logger } from "pino";
 import type { LogEvent } from "../state/events.js";
 import type { CairnError } from "../errors.js";
-import type { HarnessStatus } from "./types.js";
+import type { SessionProjection } from "../state/projection.js";
+import type { HarnessStatus, RunOutcome } from "./types.js";
+
+/** What `until` is told on each ask: an answer, a failure, or null (not yet). */
+export type Probe<T> = { ok: true; value: T } | { ok: false; error: unknown } | null;
+
+/**
+ * What `Harness.wait` answers for `session` from what is known now: its end once the log has one;
+ * otherwise the harness's stop error when it stopped, the driver's error when the driver gave up; or
+ * null, not yet.
+ */
+export function runOutcome(session: string, s: SessionProjection | undefined, stopped: CairnError | null, driverError: unknown): Probe<RunOutcome> {
+  if (s?.terminal) return { ok: true, value: { session, result: s.terminal.result, reason: s.terminal.reason } };
+  if (stopped !== null) return { ok: false, error: stopped };
+  return driverError ? { ok: false, error: driverError } : null;
+}
 
 export class Listeners {
   private readonly followers = new Set<(events: readonly LogEvent[]) => void>();
@@ -58,7 +73,7 @@ export class Listeners {
    * Resolves or rejects with what `probe` says about `session` (null: not yet), asked now and after
    * every commit, stop and failure of that session, until it says something.
    */
-  until<T>(session: string, probe: () => { ok: true; value: T } | { ok: false; error: unknown } | null): Promise<T> {
+  until<T>(session: string, probe: () => Probe<T>): Promise<T> {
     return new Promise((resolve, reject) => {
       const check = (): void => {
         const r = probe();
