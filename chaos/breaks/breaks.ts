@@ -48,7 +48,7 @@ export const BREAKS: readonly Break[] = [
     id: "c",
     name: "skipping the wait for the old lease",
     patch: "c-skip-lease-wait.patch",
-    where: "Harness.open no longer awaits awaitPrevious (the earlier owners' liveness leases)",
+    where: "openAfterPrevious (lease.ts, called by Harness.open) no longer awaits the earlier owners' liveness leases",
     profile: ["--minutes", "2", "--runs", "40", "--only", "race-opener,pause-worker", "--sqlite-only", "--host-per-worker"],
     expect: ["effect-after-newer-owner"],
   },
