@@ -16,6 +16,7 @@
 import type { Logger } from "pino";
 import { hostName } from "../exec/identity.js";
 import { signalGroup } from "../exec/group.js";
+import { CellKeeper } from "../exec/keeper.js";
 import type { LogEvent } from "../state/events.js";
 import type { Database, Storage } from "../storage/contract.js";
 import { StorageUnavailable } from "../storage/errors.js";
@@ -62,10 +63,19 @@ export function guardLease(h: LeaseHost, db: Database, logger: Logger): () => vo
   const host = hostName();
   /** Process groups of the cells this harness launched on this host and not yet seen finish. */
   const groups = new Map<string, number>();
+  // Holds those groups to the lease even when this process is frozen or dead (src/exec/keeper.ts).
+  const keeper = new CellKeeper(() => lease.remainingMs() - 50, h.name);
   const unfollow = h.follow((events) => {
     for (const e of events) {
-      if (e.kind === "execution_started" && e.body.host === host) groups.set(`${e.session}/${e.body.cell_id}`, e.body.pgid);
-      else if (e.kind === "execution_finished") groups.delete(`${e.session}/${e.body.cell_id}`);
+      if (e.kind === "execution_started" && e.body.host === host) {
+        groups.set(`${e.session}/${e.body.cell_id}`, e.body.pgid);
+        keeper.add(e.body.pgid, e.body.start_time);
+      } else if (e.kind === "execution_finished") {
+        const k = `${e.session}/${e.body.cell_id}`;
+        const pgid = groups.get(k);
+        if (pgid !== undefined) keeper.drop(pgid);
+        groups.delete(k);
+      }
     }
   });
   const unlost = lease.onLost((reason) => {
@@ -83,7 +93,12 @@ export function guardLease(h: LeaseHost, db: Database, logger: Logger): () => vo
       ),
     );
   });
-  const unstop = h.onStop(() => void lease.release());
+  // Stopped (fenced, poisoned, closed: the drivers stopped every cell first; or the lease lost: the
+  // cells were killed above): nothing is left for the keeper, and the lease can go.
+  const unstop = h.onStop(() => {
+    keeper.close(true);
+    void lease.release();
+  });
   return () => {
     unfollow();
     unlost();

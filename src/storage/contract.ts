@@ -79,6 +79,13 @@ export interface OwnershipLease {
   onLost(listener: (reason: string) => void): () => void;
   /** Whether the lease is held (renewed in time and not released). */
   held(): boolean;
+  /**
+   * How long, in ms from now, this owner is still sure to hold the lease without another renewal:
+   * the moment `onLost` would fire, which lies a margin before the lease can expire anywhere. 0 once
+   * lost or released. The cell keeper (src/exec/keeper.ts) kills the owner's cells at that moment
+   * when the owner can no longer do it itself.
+   */
+  remainingMs(): number;
   /** Gives the lease up now (after the owner's cells are stopped); the next owner need not wait for it. Idempotent, bounded, never throws. */
   release(): Promise<void>;
 }

@@ -181,6 +181,11 @@ export class ReplicatedLease implements OwnershipLease {
     return this.lost === null && !this.released && !this.stopped;
   }
 
+  remainingMs(): number {
+    if (this.lost !== null || this.released) return 0;
+    return Math.max(0, this.lastSentOk + this.ttlMs - marginMs(this.ttlMs) - performance.now());
+  }
+
   /** Whether renewals stopped being confirmed (the owner is cut off, or its renewals go unanswered). */
   isLost(): boolean {
     return this.lost !== null;

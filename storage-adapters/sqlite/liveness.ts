@@ -187,6 +187,11 @@ export class SqliteLease implements OwnershipLease {
     return this.lost === null && !this.released && !this.stopped && !this.fenced;
   }
 
+  remainingMs(): number {
+    if (this.lost !== null || this.released) return 0;
+    return Math.max(0, this.lastOk + this.ttlMs - margin(this.ttlMs) - performance.now());
+  }
+
   previousGone(): Promise<void> {
     this.previous ??= this.waitPrevious();
     return this.previous;

@@ -1,0 +1,149 @@
+/**
+ * The cell keeper: a small process beside an owner that holds its cells to the owner's lease even
+ * when the owner itself can no longer act.
+ *
+ * The lease (issue 14) promises that an owner's cells stop before its lease can have expired, so
+ * that the next owner, which waits for that lease, never overlaps them. A live owner keeps the
+ * promise itself (`guardLease` kills its cells when the lease is lost). A frozen owner (SIGSTOP, a
+ * stalled VM) or a dead one (SIGKILL, OOM) cannot; on the same host the next owner's recovery stops
+ * the survivors, but on another host nothing could, and those cells ran on.
+ *
+ * So the owner starts a keeper (lazily, with its first cell): a detached process in its own process
+ * group, fed through a pipe. The owner tells it each cell's process group (with the leader's start
+ * time, so a recycled pid is never signalled) and, every 250 ms, how long its lease is still sure to
+ * be held. The keeper SIGKILLs every group it holds when that deadline passes without a newer one:
+ * the owner froze, died, or lost the lease. When the pipe closes (the owner exited or closed), groups
+ * the owner did not clear are killed at the deadline too, so same-host recovery still finds the
+ * survivors of a crash until then, as before. An owner that stops its cells itself clears them.
+ *
+ * The keeper adds liveness to the lease, never safety: fencing is the epoch, whatever the clocks.
+ * Its deadline is measured on this machine's monotonic clock only, from a remaining time the owner
+ * computed with a margin below the lease's real expiry.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+
+/** The keeper program (plain JavaScript, run by this Node with `-e`): reads commands, one per line. */
+const KEEPER_SCRIPT = String.raw`
+const { readFileSync } = require("node:fs");
+process.title = "cairn-keeper " + (process.argv[2] ?? "");
+const groups = new Map();
+let deadline = Infinity;
+let timer = null;
+let ended = false;
+function startTime(pid) {
+  try {
+    const s = readFileSync("/proc/" + pid + "/stat", "utf8");
+    return s.slice(s.lastIndexOf(")") + 2).split(" ")[19];
+  } catch { return null; }
+}
+function killAll() {
+  for (const [pgid, start] of groups) {
+    const now = startTime(pgid);
+    // the leader alive with another start time: the pid was recycled, the group is long gone
+    if (now !== null && now !== start) continue;
+    try { process.kill(-pgid, "SIGKILL"); } catch {}
+  }
+  groups.clear();
+}
+function arm() {
+  if (timer !== null) clearTimeout(timer);
+  timer = null;
+  if (groups.size === 0) { if (ended) process.exit(0); return; }
+  if (deadline === Infinity) return;
+  timer = setTimeout(() => { killAll(); if (ended) process.exit(0); }, Math.max(0, deadline - performance.now()));
+}
+let buf = "";
+process.stdin.setEncoding("utf8");
+process.stdin.on("data", (chunk) => {
+  buf += chunk;
+  let i;
+  while ((i = buf.indexOf("\n")) >= 0) {
+    const [cmd, a, b] = buf.slice(0, i).split(" ");
+    buf = buf.slice(i + 1);
+    if (cmd === "beat") deadline = performance.now() + Math.max(0, Number(a));
+    else if (cmd === "add" && Number(a) > 1) groups.set(Number(a), b);
+    else if (cmd === "drop") groups.delete(Number(a));
+    else if (cmd === "clear") groups.clear();
+  }
+  arm();
+});
+process.stdin.on("end", () => { ended = true; arm(); });
+process.on("SIGTERM", () => {});
+process.on("SIGINT", () => {});
+`;
+
+/** How often the owner tells the keeper its remaining lease time. */
+export const KEEPER_BEAT_MS = 250;
+
+/** One owner's keeper. Every method is fire-and-forget and never throws. */
+export class CellKeeper {
+  private child: ChildProcess | null = null;
+  private beat: NodeJS.Timeout | null = null;
+  private closed = false;
+
+  /**
+   * @param remainingMs how long the owner's lease is still sure to be held (0: lost or released).
+   * @param label shown in `ps` (the database's name), so an operator can tell whose keeper it is.
+   */
+  constructor(
+    private readonly remainingMs: () => number,
+    private readonly label: string,
+  ) {}
+
+  /** Holds `pgid` (leader started at `startTime`, as /proc reports it) to the lease. Starts the keeper on first use. */
+  add(pgid: number, startTime: string): void {
+    if (this.closed || !Number.isInteger(pgid) || pgid <= 1) return;
+    this.ensure();
+    this.send(`add ${pgid} ${startTime}`);
+  }
+
+  /** `pgid` ended (or was stopped by the owner): forget it. */
+  drop(pgid: number): void {
+    if (this.child !== null) this.send(`drop ${pgid}`);
+  }
+
+  /**
+   * The owner is done: `stoppedItsCells` when it stopped every cell itself (a clean close, a fence),
+   * so nothing is left for the keeper; otherwise the keeper kills what it holds at the deadline.
+   */
+  close(stoppedItsCells: boolean): void {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.beat !== null) clearInterval(this.beat);
+    if (this.child === null) return;
+    if (stoppedItsCells) this.send("clear");
+    else this.sendBeat();
+    this.child.stdin?.end();
+  }
+
+  /** The keeper's pid (tests), or null before the first cell. */
+  get pid(): number | null {
+    return this.child?.pid ?? null;
+  }
+
+  private ensure(): void {
+    if (this.child !== null) return;
+    const child = spawn(process.execPath, ["-e", KEEPER_SCRIPT, "cairn-keeper", this.label], {
+      detached: true,
+      stdio: ["pipe", "ignore", "ignore"],
+      env: { PATH: process.env.PATH ?? "/usr/bin:/bin" },
+    });
+    child.on("error", () => undefined);
+    child.stdin?.on("error", () => undefined);
+    child.unref();
+    (child.stdin as unknown as { unref?: () => void } | null)?.unref?.();
+    this.child = child;
+    this.sendBeat();
+    this.beat = setInterval(() => this.sendBeat(), KEEPER_BEAT_MS);
+    this.beat.unref();
+  }
+
+  private sendBeat(): void {
+    this.send(`beat ${Math.max(0, Math.floor(this.remainingMs()))}`);
+  }
+
+  private send(line: string): void {
+    const stdin = this.child?.stdin;
+    if (stdin && !stdin.destroyed && stdin.writable) stdin.write(`${line}\n`);
+  }
+}
