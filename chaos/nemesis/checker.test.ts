@@ -111,6 +111,17 @@ describe("nemesis checker", () => {
     caught(run(h, log, [...effects.slice(0, 1), `s1 1 1 ${clock + 1000}`, effects[1]!].slice(1)), "effect-after-newer-owner");
   });
 
+  it("a long cell of the old owner still ticking after the new owner launched (killed before its last line)", () => {
+    const { h, log, effects } = clean();
+    // ticks before the takeover are fine; one after it is not, even without the cell's last line
+    const before = [`tick s1 1 1 1005`];
+    assert.deepEqual(run(h, log, [...before, ...effects]).anomalies, []);
+    const v = run(h, log, [...before, `tick s1 1 1 ${clock + 500}`, `tick s1 1 1 ${clock + 700}`, ...effects]);
+    caught(v, "effect-after-newer-owner");
+    assert.equal(v.anomalies.filter((a) => a.check === "effect-after-newer-owner").length, 1, "one anomaly per cell and owner");
+    assert.match(v.anomalies[0]!.message, /still running \(a tick line\)/);
+  });
+
   it("a commit of an old epoch that landed after a newer epoch was claimed (no epoch guard)", () => {
     const { h, log, effects, commit } = clean();
     // w1, fenced, still appends: its commit lands above the head w2 found

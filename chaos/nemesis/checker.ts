@@ -9,8 +9,9 @@
  * - double-start: a cell version with two `execution_started` events;
  * - effect-excess: more effect lines for a cell than `started` executions of it; effect-lost: a cell
  *   that finished with exit code 0 left no line;
- * - effect-after-newer-owner: an effect line written by an owner's cell after a newer owner's first
- *   `execution_started` was acknowledged (the old cell outlived the takeover);
+ * - effect-after-newer-owner: an effect line (or a long cell's `tick` line) written by an owner's cell
+ *   after a newer owner's first `execution_started` was acknowledged (the old cell outlived the
+ *   takeover);
  * - stale-epoch-commit: an event above the head a newer opener found, committed only by older epochs
  *   (a commit that landed after a newer epoch was claimed); phantom-event: an event no worker sent;
  * - run-not-ended: a run without exactly one `run_ended`; submitted-run-missing: a submitted request
@@ -176,7 +177,13 @@ export function check(input: CheckInput): Verdict {
     effectLines += lines.length;
     const perCell = new Map<string, string[]>();
     const parsed: { session: string; cell: number; epoch: number; ms: number; text: string }[] = [];
+    const ticks: typeof parsed = [];
     for (const text of lines) {
+      const t = /^tick (\S+) (\d+) (\d+) (\d+)$/.exec(text.trim());
+      if (t !== null) {
+        ticks.push({ session: t[1]!, cell: Number(t[2]), epoch: Number(t[3]), ms: Number(t[4]), text });
+        continue;
+      }
       const m = /^(\S+) (\d+) (\d+) (\d+)$/.exec(text.trim());
       if (m === null) {
         add({ check: "effect-malformed", db, message: `the effect file holds a line that no cell writes: ${JSON.stringify(text)}`, excerpt: [text] });
@@ -203,13 +210,17 @@ export function check(input: CheckInput): Verdict {
       const inv = invokes.get(key(r.db, r.worker, r.op));
       if (inv?.r.events.some((e: HEvent) => e.kind === "execution_started")) firstLaunch.set(r.epoch, { i, r });
     });
-    for (const p of parsed) {
+    const reported = new Set<string>();
+    for (const p of [...parsed, ...ticks].sort((a, b) => a.ms - b.ms)) {
+      const what = `${p.session} ${p.cell} ${p.epoch}`;
+      if (reported.has(what)) continue; // one anomaly per cell and owner, its first line after the takeover
       for (const [epoch, f] of firstLaunch) {
         if (epoch > p.epoch && p.ms > f.r.at) {
+          reported.add(what);
           add({
             check: "effect-after-newer-owner",
             db,
-            message: `cell ${p.session} ${p.cell} of the owner at epoch ${p.epoch} wrote its effect line at ${p.ms}, after the owner at epoch ${epoch} launched its first cell (acknowledged at ${f.r.at})`,
+            message: `cell ${p.session} ${p.cell} of the owner at epoch ${p.epoch} ${p.text.startsWith("tick") ? "was still running (a tick line)" : "wrote its effect line"} at ${p.ms}, after the owner at epoch ${epoch} launched its first cell (acknowledged at ${f.r.at})`,
             excerpt: [p.text, line(f.i, f.r)],
           });
           break;

@@ -3,8 +3,10 @@
  * requires, so a restarted worker continues where the log is). The goal names the plan:
  * `chaos REQ cells=N long=L timer=0|1`. Cells append one unique line to the database's effect file:
  * `<session> <cell> <owner epoch> <ms>` (the epoch from CHAOS_EPOCH, which the worker sets after it
- * opened). Cell 1 registers a timer first when the plan asks for one; the next L cells sleep before
- * they write (long-running); the rest write at once. Every UnknownExecution is resolved citing the
+ * opened). Cell 1 registers a timer first when the plan asks for one; the next L cells run for a
+ * while before they write (long-running), and while they run they append a `tick <session> <cell>
+ * <owner epoch> <ms>` line every 200 ms, so that a cell still running after a newer owner launched
+ * shows in the effect file even when it is killed before its last line; the rest write at once. Every UnknownExecution is resolved citing the
  * evidence the harness recorded, then the run concludes success.
  */
 import { ModelError, type Model, type ModelReply, type ModelRequest } from "../../src/model/contract.js";
@@ -31,7 +33,9 @@ export function parseGoal(goal: string): Plan | null {
 /** What a cell runs: a shell line appending its effect line (after a timer or a sleep, maybe). */
 export function cellArgv(effectFile: string, timerCli: string | null, kind: "plain" | "long" | "timer", longMs: number): string[] {
   const line = `echo "$CAIRN_SESSION $CAIRN_CELL $CHAOS_EPOCH $(date +%s%3N)" >> '${effectFile}'`;
-  const before = kind === "long" ? `sleep ${(longMs / 1000).toFixed(1)}; ` : kind === "timer" && timerCli !== null ? `${timerCli} timer --id t$CAIRN_CELL --in 1s --note chaos && ` : "";
+  const tick = `echo "tick $CAIRN_SESSION $CAIRN_CELL $CHAOS_EPOCH $(date +%s%3N)" >> '${effectFile}'`;
+  const ticking = `end=$(($(date +%s%3N) + ${Math.round(longMs)})); while [ "$(date +%s%3N)" -lt "$end" ]; do ${tick}; sleep 0.2; done; `;
+  const before = kind === "long" ? ticking : kind === "timer" && timerCli !== null ? `${timerCli} timer --id t$CAIRN_CELL --in 1s --note chaos && ` : "";
   return ["sh", "-c", `echo cell $CAIRN_CELL; ${before}${line}`];
 }
 

@@ -52,6 +52,8 @@ export interface NemesisOptions {
    * a newer owner's cells. Default: every worker on this host (recovery stops survivors itself).
    */
   readonly hostPerWorker?: boolean;
+  /** How long a long-running cell runs, in ms (default 1500). */
+  readonly longMs?: number;
 }
 
 export interface NemesisResult {
@@ -104,6 +106,7 @@ function idsOf(name: string): { uid: number; gid: number } {
 const WEIGHTS: Partial<Record<FaultKind, number>> = {
   "kill-worker": 3,
   "pause-worker": 8,
+  "stall-takeover": 2,
   "race-opener": 2,
   "lost-ack": 2,
   "commit-fail": 1,
@@ -231,7 +234,7 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
         submitDir: db.submitDir,
         cwd: join(root, "cells", db.name),
         timerCli: `'${process.execPath}' '${built.cli}'`,
-        longMs: 1500,
+        longMs: o.longMs ?? 1500,
         commitTimeoutMs: 1500,
       };
       const base: NodeJS.ProcessEnv = {};
@@ -411,6 +414,18 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
           if (!p) return;
           begin(p.worker, `${f.durationMs} ms`);
           p.child.kill("SIGSTOP");
+          later(p.worker, () => void p.child.kill("SIGCONT"));
+          return;
+        }
+        case "stall-takeover": {
+          // A stalled machine and its replacement: the owner is frozen (its cells run on, beside it)
+          // and a new worker opens the database at once. The new one must launch nothing until the
+          // frozen owner's lease is gone, and by then the frozen owner's cells must be dead.
+          const p = owner();
+          if (!p) return;
+          begin(p.worker, `${f.durationMs} ms frozen, a new worker started`);
+          p.child.kill("SIGSTOP");
+          spawnWorker(db, "racer");
           later(p.worker, () => void p.child.kill("SIGCONT"));
           return;
         }

@@ -8,6 +8,7 @@ import { between, pick, rng } from "./rng.js";
 export const FAULT_KINDS = [
   "kill-worker",
   "pause-worker",
+  "stall-takeover",
   "race-opener",
   "lost-ack",
   "commit-fail",
@@ -63,7 +64,9 @@ export function schedule(o: ScheduleOptions): Fault[] {
     }
     const atMs = Math.floor(r() * o.spanMs);
     const target = kind === "isolate-owner" ? between(r, 1, 3) : kind.includes("member") || kind.includes("leader") ? between(r, 0, 2) : between(r, 0, o.dbs - 1);
-    const durationMs = pick(r, [150, 300, 600, 1200, 2500]);
+    const drawn = pick(r, [150, 300, 600, 1200, 2500]);
+    // A stalled owner stays frozen past its lease (3 s) and a new worker's first launch.
+    const durationMs = kind === "stall-takeover" ? 3000 + 2 * drawn : drawn;
     const nth = between(r, 1, 6);
     out.push({ n, atMs, kind, target, durationMs, nth });
   }
