@@ -49,7 +49,7 @@ export const BREAKS: readonly Break[] = [
     name: "skipping the wait for the old lease",
     patch: "c-skip-lease-wait.patch",
     where: "openAfterPrevious (lease.ts, called by Harness.open) no longer awaits the earlier owners' liveness leases",
-    profile: ["--minutes", "2", "--runs", "40", "--only", "stall-takeover", "--sqlite-only", "--host-per-worker", "--long-ms", "6000"],
+    profile: ["--minutes", "2", "--faults", "60", "--runs", "40", "--only", "stall-takeover", "--sqlite-only", "--host-per-worker", "--long-ms", "6000"],
     expect: ["effect-after-newer-owner"],
   },
   {

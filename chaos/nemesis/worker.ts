@@ -62,12 +62,17 @@ function recording(storage: Storage, hist: HistoryWriter, cfg: WorkerConfig): St
       // unknown: the checker then skips this opening's head check
     }
     hist.write({ type: "open", db: cfg.db, worker: cfg.worker, pid: process.pid, epoch: db.epoch, head });
-    return {
+    const wrapped = {
       get name() {
         return db.name;
       },
       get epoch() {
         return db.epoch;
+      },
+      // The owner's lease: without it the harness would neither wait for an earlier owner's lease
+      // nor hold its own cells to it, and the nemesis would test a harness without issue 14.
+      get lease() {
+        return db.lease;
       },
       read: (afterSeq, limit) => db.read(afterSeq, limit),
       commit: async (events) => {
@@ -96,16 +101,24 @@ function recording(storage: Storage, hist: HistoryWriter, cfg: WorkerConfig): St
         }),
       stats: () => db.stats(),
       close: () => db.close(),
-    };
+    } satisfies Database;
+    // Every member, the optional ones too: a dropped `lease` once hid issue 14 from the nemesis.
+    const complete: Record<keyof Database, unknown> = wrapped;
+    return complete as Database;
   };
-  return {
+  const wrapped = {
     adapter: storage.adapter,
     open: async (name, options) => wrap(await storage.open(name, options)),
     reader: (name) => storage.reader(name),
     post: (name, message) => storage.post(name, message),
     list: () => storage.list(),
+    get leases() {
+      return storage.leases;
+    },
     close: () => storage.close(),
-  };
+  } satisfies Storage;
+  const complete: Record<keyof Storage, unknown> = wrapped;
+  return complete as Storage;
 }
 
 async function main(): Promise<number> {
