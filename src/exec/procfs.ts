@@ -64,6 +64,16 @@ export function isDead(stat: ProcStat): boolean {
  */
 export function liveGroupMembers(pgid: number): number[] {
   if (!Number.isInteger(pgid) || pgid <= 0) return [];
+  // Fast path, the common case once a cell has exited: the kernel knows no process of the group at
+  // all (ESRCH), zombies included, so a scan of /proc would find none either. (Never for pgid 1:
+  // kill(-1) means every process.)
+  if (pgid > 1) {
+    try {
+      process.kill(-pgid, 0);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ESRCH") return [];
+    }
+  }
   let entries: string[];
   try {
     entries = readdirSync("/proc");

@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { copyFileSync, chmodSync, readFileSync } from "node:fs";
+import { copyFileSync, chmodSync, existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import {
@@ -177,5 +177,39 @@ describe("stopSurvivor", () => {
     assert.match(otherHost.detail, /elsewhere\.invalid/);
     assert.equal(isAlive(id.pid), true, "neither case signalled a local process");
     killGroupQuietly(id.pgid);
+  });
+});
+
+describe("liveGroupMembers", () => {
+  test("a group whose only process is a zombie has no live member; once reaped, none at all (the ESRCH fast path)", async () => {
+    // `sleep` (after exec) never reaps its child, which made its own group with setsid and exited: a
+    // zombie alone in its group, which kill(-pgid, 0) still finds, so the /proc scan must decide.
+    const parent = spawn("/bin/sh", ["-c", "setsid sh -c 'exit 0' & exec sleep 60"], { detached: true, stdio: "ignore" });
+    groupsToClean.push(parent.pid!);
+    try {
+      let zombie = 0;
+      await waitFor(
+        () => {
+          try {
+            const children = readFileSync(`/proc/${parent.pid}/task/${parent.pid}/children`, "utf8").trim().split(/\s+/).filter(Boolean).map(Number);
+            zombie = children.find((c) => parseProcStat(readFileSync(`/proc/${c}/stat`, "utf8"))?.state === "Z") ?? 0;
+          } catch {
+            zombie = 0;
+          }
+          return zombie > 0;
+        },
+        10_000,
+        "the zombie child",
+      );
+      assert.doesNotThrow(() => process.kill(-zombie, 0), "the kernel still knows the zombie's group");
+      assert.deepEqual(liveGroupMembers(zombie), [], "a zombie is not a live member");
+      assert.deepEqual(liveGroupMembers(parent.pid!), [parent.pid], "the parent's group lists the parent");
+      parent.kill("SIGKILL");
+      await waitFor(() => !existsSync(`/proc/${zombie}`), 10_000, "the zombie to be reaped");
+      assert.throws(() => process.kill(-zombie, 0), /ESRCH/);
+      assert.deepEqual(liveGroupMembers(zombie), []);
+    } finally {
+      parent.kill("SIGKILL");
+    }
   });
 });
