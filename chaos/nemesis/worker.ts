@@ -15,6 +15,7 @@ import { Harness } from "../../src/harness/harness.js";
 import type { NewEvent } from "../../src/state/events.js";
 import { storageFaultsFromEnv } from "../../src/storage/chaos-fault.js";
 import type { Database, Storage } from "../../src/storage/contract.js";
+import { passThrough, passThroughStorage } from "../support/passthrough.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import { HistoryWriter, type HEvent } from "./history.js";
@@ -62,19 +63,7 @@ function recording(storage: Storage, hist: HistoryWriter, cfg: WorkerConfig): St
       // unknown: the checker then skips this opening's head check
     }
     hist.write({ type: "open", db: cfg.db, worker: cfg.worker, pid: process.pid, epoch: db.epoch, head });
-    const wrapped = {
-      get name() {
-        return db.name;
-      },
-      get epoch() {
-        return db.epoch;
-      },
-      // The owner's lease: without it the harness would neither wait for an earlier owner's lease
-      // nor hold its own cells to it, and the nemesis would test a harness without issue 14.
-      get lease() {
-        return db.lease;
-      },
-      read: (afterSeq, limit) => db.read(afterSeq, limit),
+    return passThrough(db, {
       commit: async (events) => {
         const n = ++op;
         hist.write({ type: "invoke", db: cfg.db, worker: cfg.worker, epoch: db.epoch, op: n, events: hEvents(events) });
@@ -89,36 +78,16 @@ function recording(storage: Storage, hist: HistoryWriter, cfg: WorkerConfig): St
           throw err;
         }
       },
-      head: () => db.head(),
-      writeSnapshot: (seq, data) => db.writeSnapshot(seq, data),
-      latestSnapshot: () => db.latestSnapshot(),
-      drain: () => db.drain(),
-      ack: (upTo) => db.ack(upTo),
       watch: (listener) =>
         db.watch((signal) => {
           if (signal.type === "fenced") hist.write({ type: "fenced", db: cfg.db, worker: cfg.worker, epoch: db.epoch, by: signal.epoch });
           listener(signal);
         }),
-      stats: () => db.stats(),
-      close: () => db.close(),
-    } satisfies Database;
-    // Every member, the optional ones too: a dropped `lease` once hid issue 14 from the nemesis.
-    const complete: Record<keyof Database, unknown> = wrapped;
-    return complete as Database;
+    });
   };
-  const wrapped = {
-    adapter: storage.adapter,
-    open: async (name, options) => wrap(await storage.open(name, options)),
-    reader: (name) => storage.reader(name),
-    post: (name, message) => storage.post(name, message),
-    list: () => storage.list(),
-    get leases() {
-      return storage.leases;
-    },
-    close: () => storage.close(),
-  } satisfies Storage;
-  const complete: Record<keyof Storage, unknown> = wrapped;
-  return complete as Storage;
+  // Everything else, the owner's lease included, is passed through (passthrough.ts): without the
+  // lease the harness would neither wait for an earlier owner's lease nor hold its cells to its own.
+  return passThroughStorage(storage, wrap);
 }
 
 async function main(): Promise<number> {
