@@ -217,7 +217,7 @@ function* outputEvents(session: string, at: string): Generator<NewEvent> {
  * Commits `size` events of `shape` through `storage`, writing a snapshot every `every` events (as
  * the harness does) and one at the end. `onProgress` sees the head after each commit.
  */
-async function craft(storage: Storage, name: string, size: number, shape: "rounds" | "output", every: number, onProgress?: (head: number) => Promise<void>): Promise<{ snapshotBytes: number }> {
+export async function craft(storage: Storage, name: string, size: number, shape: "rounds" | "output", every: number, onProgress?: (head: number) => Promise<void>): Promise<{ snapshotBytes: number }> {
   const db = await storage.open(name);
   const r = new Reducer();
   const gen = shape === "rounds" ? roundEvents("s1", new Date().toISOString()) : outputEvents("s1", new Date().toISOString());
@@ -318,7 +318,7 @@ async function resumeSection(backend: Backend, dir: string, sizes: readonly numb
 /** Runs the benchmark and prints the results. */
 export async function runRoundsBench(rounds = 100): Promise<void> {
   const adapters = (process.env["CAIRN_BENCH_ADAPTERS"] ?? "sqlite,replicated").split(",");
-  const sessions = (process.env["CAIRN_BENCH_SESSIONS"] ?? "1,8,64").split(",").map(Number);
+  const sessions = (process.env["CAIRN_BENCH_SESSIONS"] ?? "1,8,64").split(",").map(Number).filter((n) => n > 0);
   const sizes = (process.env["CAIRN_BENCH_RESUME_SIZES"] ?? "10000,100000,1000000").split(",").map(Number).filter((n) => n > 0);
   const dir = mkdtempSync(join(tmpdir(), "cairn-bench-rounds-"));
   let cluster: DevCluster | null = null;

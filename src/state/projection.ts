@@ -192,13 +192,40 @@ export function runtimeCellOf(ex: ExecutionRecord): RuntimeCell {
  */
 export function runtimeCellsView(cells: readonly Cell[], executions: ReadonlyMap<number, ExecutionRecord>): Record<string, RuntimeCell> {
   const inContext = new Set(cells.map((c) => c.id));
-  const ids = [...executions.keys()].filter((id) => {
-    const ex = executions.get(id)!;
-    return inContext.has(id) || ex.phase !== "finished" || isUnresolvedUnknown(ex);
-  });
+  const ids = [...executions.keys()].filter((id) => inRuntimeView(executions.get(id)!, inContext.has(id)));
   ids.sort((a, b) => a - b);
   const out: Record<string, RuntimeCell> = {};
   for (const id of ids) out[String(id)] = runtimeCellOf(executions.get(id)!);
+  return out;
+}
+
+/** Whether an execution belongs in `runtime.cells`: see {@link runtimeCellsView}. */
+export function inRuntimeView(ex: ExecutionRecord, inContext: boolean): boolean {
+  return inContext || ex.phase !== "finished" || isUnresolvedUnknown(ex);
+}
+
+/**
+ * `runtimeCellsView` after a change, from the view before it, in time proportional to the view and
+ * the change rather than to every execution the session ever ran. `view` must equal
+ * `runtimeCellsView(cellsBefore, executionsBefore)`; `touched` names every cell id whose execution
+ * changed or that left the context (removed or replaced); `executionOf` answers with the executions
+ * after the change. Returns `runtimeCellsView(cells, executionsAfter)` (integer-like keys keep numeric
+ * order, so the object is the same in content and in order).
+ */
+export function updatedRuntimeCellsView(
+  view: Readonly<Record<string, RuntimeCell>>,
+  cells: readonly Cell[],
+  touched: Iterable<number>,
+  executionOf: (id: number) => ExecutionRecord | undefined,
+): Record<string, RuntimeCell> {
+  const out: Record<string, RuntimeCell> = { ...view };
+  let inContext: Set<number> | null = null;
+  for (const id of touched) {
+    const ex = executionOf(id);
+    inContext ??= new Set(cells.map((c) => c.id));
+    if (ex !== undefined && inRuntimeView(ex, inContext.has(id))) out[String(id)] = runtimeCellOf(ex);
+    else delete out[String(id)];
+  }
   return out;
 }
 

@@ -9,7 +9,7 @@
 import { applyAccepted } from "./admission.js";
 import type { LogEvent } from "./events.js";
 import type { ExecutionRecord, Projection, SessionProjection, TurnRecord } from "./projection.js";
-import { OUTPUT_TAIL_CHARS, queuedExecution, runtimeCellOf, runtimeCellsView, utf8Length } from "./projection.js";
+import { OUTPUT_TAIL_CHARS, queuedExecution, runtimeCellOf, updatedRuntimeCellsView, utf8Length } from "./projection.js";
 import type { Cell, Observation, State } from "./schema.js";
 import { initialState } from "./schema.js";
 
@@ -182,9 +182,9 @@ export class Reducer {
           throw new LogCorrupt(`patch ${e.identity} folds to revision ${applied.state.revision}, the log says ${b.revision}`);
         }
         for (const c of applied.newCells) s.cells.set(c.id, c);
-        // New executions get their queued_seq from their own execution_queued events.
-        for (const [id, ex] of applied.executions) if (!s.executions.has(id) && ex.phase === "queued") applied.executions.delete(id);
-        s.executions = applied.executions;
+        // New executions get their queued_seq from their own execution_queued events; the rest of
+        // the change (a resolution's target) is merged into the working map.
+        for (const [id, ex] of applied.changed) if (s.executions.has(id) || ex.phase !== "queued") s.executions.set(id, ex);
         s.state = applied.state;
         for (const id of b.consumed) s.consumed.add(id);
         const consumedSet = new Set(b.consumed);
@@ -196,7 +196,7 @@ export class Reducer {
       case "execution_queued": {
         s.executions.set(e.body.cell_id, queuedExecution(e.body.cell_id, e.body.kind, e.seq));
         s.idle_streak = 0;
-        refreshView(s);
+        refreshView(s, e.body.cell_id);
         return;
       }
       case "execution_started": {
@@ -234,7 +234,7 @@ export class Reducer {
           unknown: b.unknown,
           finished_seq: e.seq,
         });
-        refreshView(s);
+        refreshView(s, ex.cell_id);
         return;
       }
       case "timer_registered": {
@@ -337,8 +337,9 @@ function refreshOne(s: SessionWork, cellId: number): void {
   s.state = withRuntime(s.state, { cells: { ...s.state.runtime.cells, [String(cellId)]: runtimeCellOf(ex) } });
 }
 
-function refreshView(s: SessionWork): void {
-  s.state = withRuntime(s.state, { cells: runtimeCellsView(s.state.cells, s.executions) });
+/** Refreshes one execution's entry, which may enter or leave the view (a finished execution out of context). */
+function refreshView(s: SessionWork, cellId: number): void {
+  s.state = withRuntime(s.state, { cells: updatedRuntimeCellsView(s.state.runtime.cells, s.state.cells, [cellId], (id) => s.executions.get(id)) });
 }
 
 function turnOf(s: SessionWork, turn: string, e: LogEvent): TurnRecord {

@@ -10,7 +10,7 @@ import { admit } from "../../src/state/admission.js";
 import type { EventBody, EventKind, LogEvent } from "../../src/state/events.js";
 import { identity, parseLogEvent, turnId } from "../../src/state/events.js";
 import type { ExecutionRecord, SessionProjection } from "../../src/state/projection.js";
-import { isUnresolvedUnknown } from "../../src/state/projection.js";
+import { isUnresolvedUnknown, queuedExecution, runtimeCellsView } from "../../src/state/projection.js";
 import { Reducer, reduce } from "../../src/state/reducer.js";
 import type { Cell } from "../../src/state/schema.js";
 import { State } from "../../src/state/schema.js";
@@ -126,11 +126,27 @@ class Run {
   openTurn: string | null = null;
   attempt = 0;
   lastAccepted: { turn: string; patch: unknown; revision: number } | null = null;
+  /** Executable cells of an accepted patch whose execution_queued is not folded yet (same commit). */
+  readonly toQueue = new Set<number>();
 
   emit<K extends EventKind>(kind: K, id: string, body: EventBody<K>): void {
     const e = this.log.add(kind, id, body) as unknown as LogEvent;
     parseLogEvent(e);
     this.reducer.apply([e]);
+    // The reducer keeps runtime.cells up to date from the change alone (not by a scan of every
+    // execution): after every event it must equal the view computed from scratch. Between an accepted
+    // patch and its execution_queued events (one commit), a new executable cell shows as queued.
+    const s = this.reducer.session(S);
+    if (s !== undefined) {
+      const executions = new Map(s.executions);
+      if (kind === "patch_accepted") for (const cid of (body as EventBody<"patch_accepted">).new_cell_ids) this.toQueue.add(cid);
+      if (kind === "execution_queued") this.toQueue.delete((body as EventBody<"execution_queued">).cell_id);
+      for (const cid of this.toQueue) {
+        const c = s.cells.get(cid);
+        if (c !== undefined && c.kind !== "note" && !executions.has(cid)) executions.set(cid, queuedExecution(cid, c.kind, 0));
+      }
+      assert.equal(JSON.stringify(s.state.runtime.cells), JSON.stringify(runtimeCellsView(s.state.cells, executions)), `runtime.cells after ${kind} (${id}) equals the view computed from scratch`);
+    }
   }
 
   get s(): SessionProjection {
