@@ -16,7 +16,8 @@
  *
  * Run: node --import tsx bench/rounds.ts [rounds=100]. Env: CAIRN_BENCH_RESUME_SIZES (comma list,
  * default 10000,100000,1000000), CAIRN_BENCH_ADAPTERS (default sqlite,replicated),
- * CAIRN_BENCH_SESSIONS (default 1,8,64). Prints numbers; asserts nothing.
+ * CAIRN_BENCH_SESSIONS (default 1,8,64; empty skips the rounds), CAIRN_BENCH_RESUME_SHAPES (default
+ * output,rounds). Prints numbers; asserts nothing.
  */
 import { spawn, execFile } from "node:child_process";
 import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
@@ -259,11 +260,11 @@ async function etcdSize(cluster: DevCluster): Promise<number> {
 
 const mib = (b: number) => `${(b / 1024 / 1024).toFixed(1)} MiB`;
 
-async function resumeSection(backend: Backend, dir: string, sizes: readonly number[], cluster: DevCluster | null): Promise<void> {
+async function resumeSection(backend: Backend, dir: string, sizes: readonly number[], shapes: readonly ("output" | "rounds")[], cluster: DevCluster | null): Promise<void> {
   console.log(`\n${backend.name}: resume (Harness.open + resume()) after a snapshot${backend.name === "replicated" ? ", on an empty data dir (local copy rebuilt)" : ""}; beside it, read + fold of the whole log`);
   console.log("events      shape     snapshot   open+resume   whole-log read+fold");
   for (const size of sizes) {
-    for (const shape of ["output", "rounds"] as const) {
+    for (const shape of shapes) {
       const name = `resume-${shape}-${size}`;
       const writerDir = join(dir, `resume-writer-${shape}-${size}`);
       const writer = backend.storage(writerDir);
@@ -320,6 +321,7 @@ export async function runRoundsBench(rounds = 100): Promise<void> {
   const adapters = (process.env["CAIRN_BENCH_ADAPTERS"] ?? "sqlite,replicated").split(",");
   const sessions = (process.env["CAIRN_BENCH_SESSIONS"] ?? "1,8,64").split(",").map(Number).filter((n) => n > 0);
   const sizes = (process.env["CAIRN_BENCH_RESUME_SIZES"] ?? "10000,100000,1000000").split(",").map(Number).filter((n) => n > 0);
+  const shapes = (process.env["CAIRN_BENCH_RESUME_SHAPES"] ?? "output,rounds").split(",").filter((x): x is "output" | "rounds" => x === "output" || x === "rounds");
   const dir = mkdtempSync(join(tmpdir(), "cairn-bench-rounds-"));
   let cluster: DevCluster | null = null;
   try {
@@ -327,7 +329,7 @@ export async function runRoundsBench(rounds = 100): Promise<void> {
       const b = sqliteBackend(dir);
       try {
         await roundsSection(b, join(dir, "sqlite"), rounds, sessions);
-        await resumeSection(b, join(dir, "sqlite"), sizes, null);
+        await resumeSection(b, join(dir, "sqlite"), sizes, shapes, null);
       } finally {
         await b.close();
       }
@@ -337,7 +339,7 @@ export async function runRoundsBench(rounds = 100): Promise<void> {
       const b = replicatedBackend(cluster);
       try {
         await roundsSection(b, join(dir, "replicated"), rounds, sessions);
-        await resumeSection(b, join(dir, "replicated"), sizes, cluster);
+        await resumeSection(b, join(dir, "replicated"), sizes, shapes, cluster);
       } finally {
         await b.close();
       }

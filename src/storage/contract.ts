@@ -98,6 +98,13 @@ export interface OwnershipLease {
 export interface StoredSnapshot {
   readonly seq: number;
   readonly data: string;
+  /**
+   * True when the adapter checked `data` against the digest taken when it was written (every
+   * adapter in this tree does, through `verifiedSnapshot`). Opening then trusts the text's shape to
+   * be what this code's `encodeSnapshot` wrote and checks its structure only; a snapshot without it
+   * is validated against the full schema.
+   */
+  readonly verified?: boolean;
 }
 
 /** An owned database: the only handle that may append. */

@@ -108,6 +108,12 @@ export class Statements {
     return row === undefined ? null : verifiedSnapshot(name, row.seq, row.data, row.digest);
   }
 
+  /** The latest snapshot's seq, or 0, without reading (or hashing) its text. */
+  latestSnapshotSeq(): number {
+    if (!hasSnapshotTable(this.conn)) return 0;
+    return (this.conn.prepare("SELECT MAX(seq) FROM snapshots").pluck().get() as number | null) ?? 0;
+  }
+
   /** Rolls back an open transaction, ignoring errors (the connection may already have rolled back). */
   rollbackQuietly(): void {
     if (!this.conn.inTransaction) return;
@@ -200,7 +206,7 @@ export class SqliteDatabase implements Database {
 
   async writeSnapshot(seq: number, data: string): Promise<void> {
     this.transact("write", "writeSnapshot", () => {
-      checkSnapshotWrite(this.name, seq, data, this.s.head.get() ?? 0, this.s.latestSnapshot(this.name)?.seq ?? 0);
+      checkSnapshotWrite(this.name, seq, data, this.s.head.get() ?? 0, this.s.latestSnapshotSeq());
       // One row per database: the new snapshot replaces the older ones in the same transaction.
       this.putSnapshot.run(seq, snapshotDigest(data), data);
       this.dropSnapshots.run(seq);
