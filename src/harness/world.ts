@@ -1,6 +1,6 @@
 /**
  * The world the harness touches, injected so that tests control time, processes and the model.
- * Production wiring (`defaultWorld`) uses the real clock, the execa executor and /proc.
+ * Production wiring (`defaultWorld`) uses the real clock, the executor (src/exec) and /proc.
  */
 import type { ProcessIdentity } from "../state/projection.js";
 import type { ExecutionOutcome, LaunchSpec, Prepared } from "../exec/executor.js";

@@ -8,19 +8,58 @@
 import type { AdmissionContext, Receipt } from "./admission.js";
 import type { EventBody, NewEvent } from "./events.js";
 import { event, identity, observationId } from "./events.js";
-import type { ExecutionRecord, SessionProjection, TimerRecord } from "./projection.js";
+import type { ExecutionRecord, SessionProjection, TimerRecord, TurnRecord } from "./projection.js";
 import type { NoteCell, Observation } from "./schema.js";
 import { isExecutable } from "./schema.js";
 
-/** The admission context of a session: everything `admit` judges a patch against. */
-export function admissionContext(s: SessionProjection, headSeq: number): AdmissionContext {
-  const accepted = new Map<string, { patch: unknown; revision: number; newCellIds: readonly number[]; removedIds: readonly number[]; consumed: readonly string[] }>();
-  for (const t of s.turns.values()) {
-    if (t.accepted !== null) {
-      accepted.set(t.turn, { patch: t.accepted.patch, revision: t.accepted.revision, newCellIds: t.accepted.new_cell_ids, removedIds: t.accepted.removed_ids, consumed: t.accepted.consumed });
+type AcceptedRound = AdmissionContext["accepted"] extends ReadonlyMap<string, infer V> ? V : never;
+
+function acceptedRound(t: TurnRecord | undefined): AcceptedRound | undefined {
+  const a = t?.accepted;
+  if (a === null || a === undefined) return undefined;
+  return { patch: a.patch, revision: a.revision, newCellIds: a.new_cell_ids, removedIds: a.removed_ids, consumed: a.consumed };
+}
+
+/**
+ * The accepted rounds of a session as admission reads them, computed per lookup from the session's
+ * turns: building a map of every accepted round on every round would cost the session's age.
+ */
+class AcceptedRounds implements ReadonlyMap<string, AcceptedRound> {
+  constructor(private readonly turns: ReadonlyMap<string, TurnRecord>) {}
+  get(turn: string): AcceptedRound | undefined {
+    return acceptedRound(this.turns.get(turn));
+  }
+  has(turn: string): boolean {
+    return this.get(turn) !== undefined;
+  }
+  get size(): number {
+    let n = 0;
+    for (const t of this.turns.values()) if (t.accepted !== null) n++;
+    return n;
+  }
+  *entries(): MapIterator<[string, AcceptedRound]> {
+    for (const [id, t] of this.turns) {
+      const a = acceptedRound(t);
+      if (a !== undefined) yield [id, a];
     }
   }
-  return { state: s.state, executions: s.executions, cellsEver: s.cells, pendingObservations: s.pending.length, headSeq, accepted };
+  *keys(): MapIterator<string> {
+    for (const [id] of this.entries()) yield id;
+  }
+  *values(): MapIterator<AcceptedRound> {
+    for (const [, a] of this.entries()) yield a;
+  }
+  [Symbol.iterator](): MapIterator<[string, AcceptedRound]> {
+    return this.entries();
+  }
+  forEach(fn: (value: AcceptedRound, key: string, map: ReadonlyMap<string, AcceptedRound>) => void): void {
+    for (const [id, a] of this.entries()) fn(a, id, this);
+  }
+}
+
+/** The admission context of a session: everything `admit` judges a patch against. */
+export function admissionContext(s: SessionProjection, headSeq: number): AdmissionContext {
+  return { state: s.state, executions: s.executions, cellsEver: s.cells, pendingObservations: s.pending.length, headSeq, accepted: new AcceptedRounds(s.turns) };
 }
 
 export type FinishedBody = EventBody<"execution_finished">;
