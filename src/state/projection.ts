@@ -122,17 +122,26 @@ export interface SessionProjection {
   readonly created_at: string;
   /** The model's State. `runtime.inbox` holds the observations delivered to the open turn. */
   readonly state: State;
-  /** Every cell version ever accepted, by id (immutable; removed cells stay here). */
+  /**
+   * Every cell version accepted, by id (immutable; removed cells stay here), less history: once a
+   * session has run thousands of cells, the oldest cells that left the context and are no longer
+   * needed go (src/state/history.ts keeps the most recent HISTORY_KEEP).
+   */
   readonly cells: ReadonlyMap<number, Cell>;
+  /** Executions by cell id: every one still pending or uncertain, and the most recent finished ones (history.ts). */
   readonly executions: ReadonlyMap<number, ExecutionRecord>;
-  /** Every observation ever received, by id (duplicate detection). */
+  /**
+   * Observations received, by id (duplicate detection): every outside one, every one not yet
+   * consumed, and the most recent consumed harness observations (history.ts).
+   */
   readonly observations: ReadonlyMap<string, Observation>;
   /** Received, not yet delivered to a turn: the unread inbox, in arrival order. */
   readonly pending: readonly string[];
   /** Delivered to a turn, not yet consumed by an accepted patch. */
   readonly delivered: readonly string[];
-  /** Observation ids consumed by accepted patches. */
+  /** Observation ids consumed by accepted patches (those of dropped harness history go with it). */
   readonly consumed: ReadonlySet<string>;
+  /** Turns by id: the open one and the most recent accepted ones (history.ts). */
   readonly turns: ReadonlyMap<string, TurnRecord>;
   /** The turn prepared and not yet accepted, if any. */
   readonly open_turn: string | null;

@@ -7,6 +7,7 @@
  * State it hands out is a fresh object that later events never change.
  */
 import { applyAccepted } from "./admission.js";
+import { dropHistory } from "./history.js";
 import type { LogEvent } from "./events.js";
 import type { ExecutionRecord, Projection, SessionProjection, TurnRecord } from "./projection.js";
 import { OUTPUT_TAIL_CHARS, queuedExecution, runtimeCellOf, updatedRuntimeCellsView, utf8Length } from "./projection.js";
@@ -134,6 +135,8 @@ export class Reducer {
           inbox: s.delivered.map((id) => s.observations.get(id)).filter((o): o is Observation => o !== undefined),
           usage: { ...s.state.runtime.usage, rounds: s.state.runtime.usage.rounds + 1 },
         });
+        // A new round: what the run no longer needs beyond the most recent history goes (history.ts).
+        dropHistory(s);
         return;
       }
       case "model_attempt": {
