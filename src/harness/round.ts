@@ -8,6 +8,7 @@ import { admit, patchBoundsProblem } from "../state/admission.js";
 import { event, identity, type NewEvent } from "../state/events.js";
 import { nextAttempt } from "../state/next-step.js";
 import type { NextStep } from "../state/next-step.js";
+import { HISTORY_KEEP } from "../state/history.js";
 import { acceptedEvents, admissionContext, toJson } from "../state/outcomes.js";
 import type { Admission } from "../state/admission.js";
 import { ConfigError, hasCode } from "../errors.js";
@@ -251,6 +252,10 @@ export function resubmit(core: HarnessCore, session: string, turn: string, patch
   const s = core.session(session);
   if (s === undefined) throw new ConfigError(`session "${session}" does not exist in database "${core.name}".`);
   if (s.turns.get(turn)?.accepted == null) {
+    const n = turn.startsWith(`${session}:t`) ? Number(turn.slice(session.length + 2)) : Number.NaN;
+    if (!s.turns.has(turn) && Number.isInteger(n) && n >= 1 && n < s.turn_count) {
+      throw new ConfigError(`round ${turn} of session ${session} is older than the rounds the run keeps at hand (the most recent ${HISTORY_KEEP}); it cannot be re-submitted, and its patch and verdict are in the log (cairn log).`);
+    }
     throw new ConfigError(`round ${turn} of session ${session} has not been accepted; the round loop admits open rounds, and only accepted rounds can be re-submitted.`);
   }
   return admit(admissionContext(s, core.headSeq()), patch, turn);

@@ -107,11 +107,21 @@ export function dropHistory(s: HistoryParts, keep: number = HISTORY_KEEP): numbe
       dropped++;
     }
   }
-  if (s.turns.size > limit) {
-    const gone = oldest(s.turns, keep, (id, t) => id !== s.open_turn && t.accepted !== null);
-    for (const id of gone) {
-      s.turns.delete(id);
-      dropped++;
+  // An accepted turn goes with any cell it created (a replay of it answers with those cells), and
+  // beyond the most recent `keep`.
+  const cellsDropped = dropped > 0;
+  if (cellsDropped || s.turns.size > limit) {
+    const named = (t: TurnRecord) => t.accepted !== null && t.accepted.new_cell_ids.some((id) => !s.cells.has(id));
+    const orphans: string[] = [];
+    if (cellsDropped) for (const [id, t] of s.turns) if (id !== s.open_turn && named(t)) orphans.push(id);
+    for (const id of orphans) s.turns.delete(id);
+    dropped += orphans.length;
+    if (s.turns.size > limit) {
+      const gone = oldest(s.turns, keep, (id, t) => id !== s.open_turn && t.accepted !== null);
+      for (const id of gone) {
+        s.turns.delete(id);
+        dropped++;
+      }
     }
   }
   if (s.timers.size > limit) {

@@ -89,6 +89,7 @@ describe("bounded history", () => {
     assert.ok(s.cells.has(1) && s.state.cells.some((c) => c.id === 1), "a note in context stays");
     for (let n = 100; n <= ROUNDS; n += 100) assert.ok(s.observations.has(`msg-${n}`), `outside observation msg-${n} stays (a re-post must stay a duplicate)`);
     assert.ok(!s.executions.has(ERROR_CELL), "an error whose observation was consumed may go");
+    for (const t of s.turns.values()) for (const id of t.accepted?.new_cell_ids ?? []) assert.ok(s.cells.has(id), `kept turn ${t.turn} names cell ${id}, which is kept too (a replay answers with it)`);
     assert.deepEqual(JSON.stringify(s.state.runtime.cells), JSON.stringify(runtimeCellsView(s.state.cells, s.executions)), "runtime.cells is still the view of what is kept");
   });
 
