@@ -257,6 +257,16 @@ async function etcdSize(cluster: DevCluster): Promise<number> {
   await run("etcdctl", ["--endpoints", endpoints, "--command-timeout=600s", "compaction", "--physical", String(rev)]).catch((err: unknown) => {
     if (!/already been compacted|required revision has been compacted/.test(String((err as { stderr?: unknown }).stderr ?? err))) throw err;
   });
+  // `--physical` waits for the member that served the request; the others compact in the background,
+  // in batches. Defragmenting a member before it finished leaves the old revisions' pages in its file:
+  // wait until every member's in-use size stops shrinking.
+  const inUse = async () => (JSON.parse((await run("etcdctl", ["--endpoints", endpoints, "endpoint", "status", "-w", "json"])).stdout) as { Status: { dbSizeInUse: number } }[]).map((m) => m.Status.dbSizeInUse).join(",");
+  for (let last = await inUse(), tries = 0; tries < 150; tries++) {
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+    const now = await inUse();
+    if (now === last) break;
+    last = now;
+  }
   await run("etcdctl", ["--endpoints", endpoints, "defrag", "--command-timeout=600s"]);
   const after = JSON.parse((await run("etcdctl", ["--endpoints", endpoints, "endpoint", "status", "-w", "json"])).stdout) as { Status: { dbSize: number } }[];
   return Math.max(...after.map((s) => s.Status.dbSize));
