@@ -98,7 +98,14 @@ export class SessionDriver implements SessionContext {
    */
   private recarry(events: readonly NewEvent[]): void {
     if (events.length === 0 || this.core.stopping()) return;
-    const done = events.some((e) => e.kind === "execution_finished" && this.core.session(this.id)?.executions.get(e.body.cell_id)?.phase === "finished");
+    // An execution this driver launched that the projection no longer holds was finished and then
+    // dropped from history (src/state/history.ts drops only finished executions), maybe by the fold
+    // of the very commit that carried its result: that commit happened.
+    const done = events.some((e) => {
+      if (e.kind !== "execution_finished") return false;
+      const ex = this.core.session(this.id)?.executions.get(e.body.cell_id);
+      return ex === undefined || ex.phase === "finished";
+    });
     if (!done) this.carried = [...events, ...this.carried];
   }
 

@@ -6,7 +6,8 @@
  * turn, every control note not yet handled, every outside observation (a re-post of one must stay a
  * duplicate forever). Everything else is history: finished executions of cells that left the
  * context, those cells, consumed harness observations (`execution:`, `timer:`, `control:`, `idle:`),
- * accepted turns, fired timers. The log keeps all of it (`cairn log`, the timeline); the projection
+ * accepted turns. (Fired timers stay: registering a timer id again must keep answering with the timer
+ * already registered, and a run has few.) The log keeps all of it (`cairn log`, the timeline); the projection
  * keeps the most recent HISTORY_KEEP of each kind, so a run's projection, its snapshot, the time to
  * open it and its etcd footprint stop growing with the number of rounds.
  *
@@ -23,7 +24,7 @@
  * Pure: no I/O, no clock.
  */
 import { observationId } from "./events.js";
-import type { ControlRecord, ExecutionRecord, TimerRecord, TurnRecord, ValidatorRecord } from "./projection.js";
+import type { ControlRecord, ExecutionRecord, TurnRecord, ValidatorRecord } from "./projection.js";
 import { isUnresolvedUnknown } from "./projection.js";
 import type { Cell, Observation, State } from "./schema.js";
 import { RESERVED_OBSERVATION_PREFIXES } from "./schema.js";
@@ -40,7 +41,6 @@ export interface HistoryParts {
   readonly consumed: Set<string>;
   readonly turns: Map<string, TurnRecord>;
   readonly open_turn: string | null;
-  readonly timers: Map<string, TimerRecord>;
   readonly controls: Map<number, ControlRecord>;
   readonly validators_run: Map<number, readonly ValidatorRecord[]>;
 }
@@ -72,8 +72,12 @@ export function dropHistory(s: HistoryParts, keep: number = HISTORY_KEEP): numbe
   if (s.executions.size > limit) {
     const gone = oldest(s.executions, keep, (id, ex) => {
       if (ex.phase !== "finished" || isUnresolvedUnknown(ex) || context().has(id) || targets().has(id)) return false;
-      // An error or UnknownExecution pauses the queue until its observation is consumed.
-      return (ex.result !== "error" && ex.result !== "UnknownExecution") || s.consumed.has(observationId.execution(id));
+      // Not before the model has read how it ended: its observation is consumed (an error pauses the
+      // queue until then), or it never had one (a cell cancelled before it started is told by the
+      // control's observation). The driver that launched it also finds it finished after the commit
+      // that carried its result (that commit prepares the next turn, which is when this runs).
+      const oid = observationId.execution(id);
+      return s.consumed.has(oid) || !s.observations.has(oid);
     });
     for (const id of gone) {
       s.executions.delete(id);
@@ -122,13 +126,6 @@ export function dropHistory(s: HistoryParts, keep: number = HISTORY_KEEP): numbe
         s.turns.delete(id);
         dropped++;
       }
-    }
-  }
-  if (s.timers.size > limit) {
-    const gone = oldest(s.timers, keep, (_id, t) => t.fired);
-    for (const id of gone) {
-      s.timers.delete(id);
-      dropped++;
     }
   }
   return dropped;

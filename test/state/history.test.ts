@@ -9,7 +9,7 @@ import { identity, turnId } from "../../src/state/events.js";
 import { dropHistory, HISTORY_KEEP, type HistoryParts } from "../../src/state/history.js";
 import { runtimeCellsView } from "../../src/state/projection.js";
 import { Reducer, reduce } from "../../src/state/reducer.js";
-import type { Cell } from "../../src/state/schema.js";
+import type { Cell, Observation } from "../../src/state/schema.js";
 import { encodeSnapshot, restoreSnapshot } from "../../src/state/snapshot.js";
 import { cmd, execution, LogBuilder, note, observation } from "./helpers.js";
 
@@ -126,13 +126,22 @@ describe("dropHistory keeps what is still wanted", () => {
     const cancel = note(11, "stop 3", { role: "cancel", target_cell_id: 3 });
     cells.set(11, cancel);
     const state = { ...reduce([]).sessions.get("x")?.state, cells: [cancel] } as unknown as HistoryParts["state"];
-    return { state, cells, executions, observations: new Map(), consumed: new Set(), turns: new Map(), open_turn: null, timers: new Map(), controls: new Map(), validators_run: new Map() };
+    // Every execution told the model how it ended; all were read but cell 2's and cell 6's.
+    const observations = new Map<string, Observation>();
+    const consumed = new Set<string>();
+    for (let id = 1; id <= 10; id++) {
+      const oid = `execution:${id}`;
+      observations.set(oid, { id: oid, source: "execution", kind: "finished", at: "2026-01-01T00:00:00.000Z", payload: { cell_id: id } });
+      if (id !== 2 && id !== 6) consumed.add(oid);
+    }
+    return { state, cells, executions, observations, consumed, turns: new Map(), open_turn: null, controls: new Map(), validators_run: new Map() };
   }
 
-  test("an error whose observation is unconsumed, and the target of a pending control note, stay", () => {
+  test("an execution whose observation is unread (an error pauses the queue), and the target of a pending control note, stay", () => {
     const p = parts();
     dropHistory(p, 2);
     assert.ok(p.executions.has(2), "the unconsumed error pauses the queue: kept");
+    assert.ok(p.executions.has(6), "a success the model has not read yet: kept");
     assert.ok(p.executions.has(3), "the target of an unhandled cancel note: kept");
     assert.ok(!p.executions.has(1) && !p.executions.has(4), "older finished executions went");
     assert.ok(p.executions.has(9) && p.executions.has(10), "the most recent two (keep = 2) stayed");
