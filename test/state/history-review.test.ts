@@ -26,6 +26,7 @@ import { Reducer, reduce } from "../../src/state/reducer.js";
 import type { NoteCell } from "../../src/state/schema.js";
 import { encodeSnapshot, restoreSnapshot } from "../../src/state/snapshot.js";
 import { checkOutsideObservation, outsideToObservation } from "../../src/harness/observations.js";
+import { rng } from "../../chaos/nemesis/rng.js";
 
 const S = "s1";
 const T0 = Date.parse("2026-01-01T00:00:00.000Z");
@@ -63,18 +64,6 @@ function keepingReducer(first: LogEvent): Reducer {
     validators_run: new KeepMap(s.validators_run),
   };
   return Reducer.restore({ head: r.headSeq, order: [first.session], sessions: new Map([[first.session, kept]]) });
-}
-
-/** mulberry32: a small seeded PRNG (the run must be reproducible). */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 interface Counts {
@@ -382,7 +371,7 @@ class Sim {
 }
 
 function runLong(seed: number, minRounds: number): Sim {
-  const sim = new Sim(prng(seed));
+  const sim = new Sim(rng(seed));
   sim.start();
   while (sim.counts.rounds < minRounds) sim.step();
   return sim;
@@ -410,7 +399,7 @@ describe("bounded history does not change what a run does (differential, past 2 
 
   test("a snapshot restored at any point (full or structure decode) plus the tail folds to the whole fold", () => {
     const whole: Projection = sim.real.projection();
-    const rnd = prng(7);
+    const rnd = rng(7);
     const cuts = [1, Math.floor(sim.log.length / 2), ...Array.from({ length: 3 }, () => 1 + Math.floor(rnd() * (sim.log.length - 1)))];
     for (const [i, cut] of cuts.entries()) {
       const first = new Reducer();
