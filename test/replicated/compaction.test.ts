@@ -95,7 +95,7 @@ test("duplicate refusal stays exact after compaction: on the machine that kept u
   const b = make("b");
   const fresh = await b.open("exact");
   assert.equal(await fresh.head(), 103);
-  assert.deepEqual(await fresh.latestSnapshot(), { seq: 100, data: "projection at 100" });
+  assert.deepEqual(await fresh.latestSnapshot(), { seq: 100, data: "projection at 100", verified: true }, "the snapshot, its digest checked");
   await assert.rejects(
     fresh.commit([ev("brand-new-1"), ev("old-0-0")]),
     (err: unknown) => {
