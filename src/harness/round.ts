@@ -5,7 +5,7 @@
  * admitted without calling the model again.
  */
 import { admit, patchBoundsProblem } from "../state/admission.js";
-import { event, identity, type NewEvent } from "../state/events.js";
+import { event, identity, turnId, type NewEvent } from "../state/events.js";
 import { nextAttempt } from "../state/next-step.js";
 import type { NextStep } from "../state/next-step.js";
 import { HISTORY_KEEP } from "../state/history.js";
@@ -252,8 +252,9 @@ export function resubmit(core: HarnessCore, session: string, turn: string, patch
   const s = core.session(session);
   if (s === undefined) throw new ConfigError(`session "${session}" does not exist in database "${core.name}".`);
   if (s.turns.get(turn)?.accepted == null) {
-    const n = turn.startsWith(`${session}:t`) ? Number(turn.slice(session.length + 2)) : Number.NaN;
-    if (!s.turns.has(turn) && Number.isInteger(n) && n >= 1 && n < s.turn_count) {
+    // A round id this session issued (turnId's format, read back through turnId itself).
+    const n = Number(turn.slice(turn.lastIndexOf(":t") + 2));
+    if (!s.turns.has(turn) && Number.isInteger(n) && n >= 1 && n < s.turn_count && turnId(session, n) === turn) {
       throw new ConfigError(`round ${turn} of session ${session} is older than the rounds the run keeps at hand (the most recent ${HISTORY_KEEP}); it cannot be re-submitted, and its patch and verdict are in the log (cairn log).`);
     }
     throw new ConfigError(`round ${turn} of session ${session} has not been accepted; the round loop admits open rounds, and only accepted rounds can be re-submitted.`);
