@@ -23,6 +23,13 @@ if (files.length === 0) {
   console.error(`no test files match ${filters.join(" ")}`);
   process.exit(1);
 }
+// The cell launcher (native/launcher.c) is rebuilt when its source changed since it was built, so the
+// suite never tests a stale binary.
+// (CAIRN_LAUNCHER=node runs the suite with Node's spawn instead, and needs no compiler.)
+if (process.env.CAIRN_LAUNCHER !== "node") {
+  const built = spawnSync(process.execPath, [join("scripts", "build-launcher.mjs"), "--if-stale", "--strict"], { stdio: "inherit" });
+  if (built.status !== 0) process.exit(built.status ?? 1);
+}
 const concurrency = process.env.CAIRN_TEST_CONCURRENCY ?? "1";
 const r = spawnSync(
   process.execPath,

@@ -121,7 +121,15 @@ export async function drillImages(log: (line: string) => void = () => undefined)
     mkdirSync(ctx);
     const esbuild = await import("esbuild");
     await esbuild.build({ entryPoints: [join(REPO, "src/cli/entry.ts")], outfile: join(ctx, "cairn.mjs"), bundle: true, platform: "node", format: "esm", target: "node20", packages: "external", logLevel: "error" });
+    // The cell launcher, when built here: the workers then start cells as a deployment would.
+    const launcher = join(REPO, "build", "cairn-launcher");
+    if (existsSync(launcher)) {
+      mkdirSync(join(ctx, "build"));
+      copyFileSync(launcher, join(ctx, "build", "cairn-launcher"));
+      chmodSync(join(ctx, "build", "cairn-launcher"), 0o755);
+    }
     const h = createHash("sha256").update(base).update(readFileSync(join(ctx, "cairn.mjs"))).update(readFileSync(join(REPO, "deploy/Dockerfile")));
+    if (existsSync(launcher)) h.update(readFileSync(launcher));
     const worker = `cairn-drill-worker:${h.digest("hex").slice(0, 12)}`;
     if (!imageExists(worker)) {
       const t = Date.now();

@@ -7,22 +7,23 @@
  * "go" and `exec`s the cell's argv, keeping the same pid, process group and start time. If the
  * harness dies before releasing, the gate reads end-of-file and exits 125: nothing ran.
  *
- * The gate is started with Node's own `spawn` (`detached` for setsid, three pipes), not execa: it uses
- * none of execa's conveniences (no buffering, no promise result, no exit hook, no kill or timeout,
- * which would reach only the direct child), and execa's wrapping of every spawn cost about 2 to 3 ms
- * of the harness's CPU per launch, on the critical path of every round. Stopping uses our own group
- * signals: a cell's grandchildren must stop with it.
+ * The gate is started by a {@link GateLauncher} (launcher.ts): the small native launcher when it is
+ * built, which spares this process a fork of itself per cell, or else Node's own `spawn` (`detached`
+ * for setsid, three socket pairs). Not execa: the gate uses none of its conveniences (no buffering,
+ * no promise result, no exit hook, no kill or timeout, which would reach only the direct child), and
+ * its wrapping cost 2 to 3 ms of the harness's CPU per launch. Stopping uses our own group signals:
+ * a cell's grandchildren must stop with it.
  *
  * No exit hook kills children when this process exits: a surviving group is found and stopped by the
  * next process with `stopSurvivor` (identity.ts), which is what durability requires.
  */
-import { spawn } from "node:child_process";
 import { statSync } from "node:fs";
 import { CairnError } from "../errors.js";
 import type { ProcessIdentity } from "../state/projection.js";
 import { terminateGroup } from "./group.js";
 import { bootId, hostName } from "./identity.js";
 import { type LaunchCell, probePythonVersion, resolveLaunch } from "./launch.js";
+import { type GateLauncher, gateLauncher } from "./launcher.js";
 import { type OutputChunk, OutputCapture } from "./output.js";
 import { liveGroupMembers, readProcStat } from "./procfs.js";
 import { which as defaultWhich } from "./which.js";
@@ -87,6 +88,8 @@ export interface ExecutorOptions {
   now?: () => number;
   /** SIGTERM-to-SIGKILL grace when stopping a group (stop, wall time, leftovers). Default 2000 ms. */
   killGraceMs?: number;
+  /** What starts the gate processes. Default: this process's {@link gateLauncher} (native when built). */
+  launcher?: GateLauncher;
 }
 
 /** The executor handed to the harness. */
@@ -126,10 +129,8 @@ function unlaunchable(detail: string): Prepared {
   };
 }
 
-function spawnGate(argv: readonly string[], where: { cwd: string; env: Record<string, string> }) {
-  // The environment is exactly `env` (never merged with this process's): the caller built it from
-  // cellBaseEnv, which withholds the harness's secrets.
-  return spawn("/bin/sh", ["-c", GATE_SCRIPT, "cairn-gate", ...argv], { cwd: where.cwd, env: where.env, detached: true, stdio: ["pipe", "pipe", "pipe"] });
+function gateArgv(argv: readonly string[]): string[] {
+  return ["/bin/sh", "-c", GATE_SCRIPT, "cairn-gate", ...argv];
 }
 
 /** A spawn failure in words: E2BIG and a NUL byte get a sentence that says what to change. */
@@ -157,6 +158,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
   const whichFn = opts.which ?? ((cmd: string) => defaultWhich(cmd));
   const now = opts.now ?? Date.now;
   const killGraceMs = opts.killGraceMs ?? 2000;
+  const launcher = opts.launcher ?? gateLauncher();
   const pythonVersions = new Map<string, Promise<string | null>>();
   const pythonVersion = (python3: string): Promise<string | null> => {
     let v = pythonVersions.get(python3);
@@ -190,35 +192,17 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
       onOutput: spec.onOutput as (chunks: OutputChunk[]) => Promise<void>,
     });
     // An argv the kernel or Node refuses (a NUL byte, an argument over MAX_ARG_STRLEN, a command line
-    // over ARG_MAX) must end as an execution that could not start, never as a launch that hangs: the
-    // spawn may throw synchronously, or emit `error` before anything below listens, so the listener
-    // is attached in the same tick and a synchronous throw is caught.
-    let child: ReturnType<typeof spawnGate>;
-    try {
-      child = spawnGate(resolved.argv, { cwd: spec.cwd, env: { ...cellBaseEnv(process.env), ...resolved.env, ...spec.env } });
-    } catch (err) {
-      return unlaunchable(`the process could not be started: ${spawnErrorWords(err)}`);
-    }
-    // A failed spawn (ENOENT, E2BIG, ENOMEM...) is an `error` event and no pid; a started one `spawn`.
-    const spawnOutcome = new Promise<Error | null>((resolve) => {
-      child.once("spawn", () => resolve(null));
-      child.once("error", (err: Error) => resolve(err));
-    });
-    // An error after the spawn (none is expected: signals go to the group, not through `child.kill`)
-    // must not become an uncaught exception.
-    child.on("error", () => undefined);
-    child.stdin?.on("error", () => undefined);
-
-    const spawnError = await spawnOutcome;
-    if (spawnError !== null) {
-      child.stdout?.destroy();
-      child.stderr?.destroy();
-      return unlaunchable(`the process could not be started: ${spawnErrorWords(spawnError)}`);
-    }
+    // over ARG_MAX) must end as an execution that could not start, never as a launch that hangs.
+    // The environment is exactly this (never merged with this process's again): cellBaseEnv withholds
+    // the harness's secrets.
+    const started = await launcher.start({ argv: gateArgv(resolved.argv), cwd: spec.cwd, env: { ...cellBaseEnv(process.env), ...resolved.env, ...spec.env } });
+    if (!started.ok) return unlaunchable(`the process could not be started: ${spawnErrorWords(started.error)}`);
+    const child = started.gate;
+    child.stdin.on("error", () => undefined);
     const pid = child.pid;
-    const stat = pid === undefined ? null : readProcStat(pid);
-    if (pid === undefined || stat === null || stat.pgid !== pid) {
-      if (pid !== undefined) await terminateGroup(pid, { graceMs: 0 });
+    const stat = readProcStat(pid);
+    if (stat === null || stat.pgid !== pid) {
+      await terminateGroup(pid, { graceMs: 0 });
       throw new CairnError("internal", `the launch gate (pid ${pid}) is not the leader of its own process group or vanished before release`);
     }
     const identity: ProcessIdentity = { host: hostName(), boot_id: bootId(), pid, pgid: pid, start_time: stat.startTime };
@@ -238,20 +222,17 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     const streamsClosed = Promise.all(
       (["stdout", "stderr"] as const).map((name) => {
         const stream = child[name];
-        if (stream === null || stream === undefined) return Promise.resolve();
         stream.on("data", (data: Buffer) => capture.push(name, data));
+        // The native launcher hands the streams over paused (after reading its tag off them).
+        stream.resume();
         return new Promise<void>((resolve) => {
           stream.once("close", () => resolve());
           stream.once("error", () => resolve());
         });
       }),
     );
-    const exited = new Promise<{ code: number | null; signal: string | null }>((resolve) => {
-      child.once("exit", (code, signal) => resolve({ code, signal }));
-    });
-
     const done = (async (): Promise<ExecutionOutcome> => {
-      const { code, signal } = await exited;
+      const { code, signal, lost } = await child.exited;
       const endedAt = now();
       const wasReleased = releasedAt !== null;
       phase = "exited";
@@ -276,8 +257,8 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
       ]);
       if (drainTimer !== null) clearTimeout(drainTimer);
       if (!drained) {
-        child.stdout?.destroy();
-        child.stderr?.destroy();
+        child.stdout.destroy();
+        child.stderr.destroy();
         leftovers += "; output after the process group ended was not captured (a process outside the group kept the pipes open)";
       }
       const duration = releasedAt === null ? 0 : Math.max(0, endedAt - releasedAt);
@@ -295,6 +276,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
         return { ...base, result: stopReason === null ? "error" : "cancelled", detail: `${why}; the cell's code never ran` };
       }
       if (stopReason === "cancelled" || stopReason === "abort") return { ...base, result: "cancelled", detail: `cancelled${leftovers}` };
+      if (lost !== undefined) return { ...base, result: "error", detail: `the exit status is unknown: ${lost}${leftovers}` };
       if (stopReason === "shutdown") return { ...base, result: "cancelled", detail: `stopped by harness shutdown${leftovers}` };
       if (timedOut) return { ...base, result: "error", detail: `wall-time limit of ${formatSeconds(spec.wallTimeMs)} s reached${leftovers}` };
       if (code === 0 && signal === null) return { ...base, result: "success", detail: leftovers === "" ? null : leftovers.slice(2) };
@@ -324,7 +306,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
           timedOut = true;
           void killGroup(killGraceMs);
         }, spec.wallTimeMs);
-        child.stdin?.end("go\n");
+        child.stdin.end("go\n");
       },
       async abort(): Promise<void> {
         if (phase === "gated") {

@@ -1,0 +1,289 @@
+/*
+ * cairn-launcher: starts cell gates for one Cairn process, so that Cairn does not fork itself.
+ *
+ * Why it exists. Node starts a child with fork(): the whole Node process (tens to hundreds of MB of
+ * V8 heap) has its page tables copied, and every page the parent writes afterwards takes a
+ * copy-on-write fault. That cost 3.5 ms of the harness's CPU per launch from a 52 MB Node and 6.5 ms
+ * from a 317 MB one, the largest single cost of a round. This program is a few hundred KB; its fork
+ * costs a small fraction of that, and it is paid here, not on the harness's event loop.
+ *
+ * What it does, and nothing else. The harness starts one launcher (in its own session, so a
+ * terminal's ^C does not reach it) and sends it requests on stdin. For each request it:
+ *   1. opens three Unix stream connections to the harness's abstract socket (given as argv[1]) and
+ *      writes "<token> <n>\n" on each (n = 0, 1, 2: the gate's stdin, stdout, stderr): the harness
+ *      pairs them with the launch by the token, a random 128-bit value that only it and this process
+ *      know;
+ *   2. forks; the child starts a new session (setsid: its own process group, pgid = pid), resets
+ *      every signal to its default and unblocks them all, puts the three connections on fds 0, 1
+ *      and 2, changes to the cell's directory and execs /bin/sh with the gate script, its argv and
+ *      the environment exactly as sent;
+ *   3. answers "S <token> <pid>\n" once exec succeeded, or "E <token> <errno>\n" when any step failed
+ *      (the exec's own errno comes back through a close-on-exec pipe, the usual way);
+ *   4. reaps every child that exits and answers "X <pid> <wait status>\n".
+ * The gate itself is unchanged: it blocks reading "go" from its stdin, which the harness writes only
+ * once `execution_started` is durable. This program never writes to a gate and never signals one:
+ * releasing, stopping and killing stay with the harness, by process group.
+ *
+ * When stdin ends (the harness exited or died), the launcher exits at once. Its children are
+ * reparented and run on exactly as they would have if the harness had been their parent: a gate not
+ * yet released reads end-of-file (its stdin's peer was the harness) and exits 125 without running
+ * anything; a released cell is found by the next owner's recovery, as before.
+ *
+ * Request frame on stdin: a 4-byte little-endian length, then that many bytes of NUL-terminated
+ * strings: token, cwd, argument count, the arguments (argv[0] is the program: /bin/sh), environment
+ * count, the "KEY=value" strings. The harness refuses a NUL inside any string before sending.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A request larger than this is refused (answered E ... E2BIG): the kernel's own limit on argv plus
+ * environment (ARG_MAX is 2 MiB by default; 32 MiB leaves room for a raised stack limit). */
+#define MAX_FRAME (32u * 1024u * 1024u)
+
+static const char *socket_name;
+
+static void die(const char *what) {
+  fprintf(stderr, "cairn-launcher: %s: %s\n", what, strerror(errno));
+  exit(2);
+}
+
+/* Writes all of buf to stdout (the harness), retrying short writes. */
+static void answer(const char *buf, size_t len) {
+  while (len > 0) {
+    ssize_t n = write(1, buf, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      exit(0); /* the harness is gone */
+    }
+    buf += n;
+    len -= (size_t)n;
+  }
+}
+
+static void answerf(const char *fmt, const char *token, long value) {
+  char line[160];
+  int n = snprintf(line, sizeof line, fmt, token, value);
+  if (n > 0) answer(line, (size_t)n);
+}
+
+/* Reads exactly len bytes from stdin; returns 0 at end of input. */
+static int read_full(void *buf, size_t len) {
+  char *p = buf;
+  while (len > 0) {
+    ssize_t n = read(0, p, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      die("read");
+    }
+    if (n == 0) return 0;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 1;
+}
+
+/* Opens one connection to the harness and tags it; returns the fd or -1 with errno set. */
+static int connect_back(const char *token, int stream) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_un addr;
+  memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  size_t name_len = strlen(socket_name);
+  memcpy(addr.sun_path + 1, socket_name, name_len); /* sun_path[0] == 0: the abstract namespace */
+  /* Node 20 binds an abstract name padded with NULs to the whole of sun_path; newer releases may bind
+   * the exact length. Both are tried, padded first. */
+  socklen_t lengths[2] = {(socklen_t)sizeof addr, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + name_len)};
+  int connected = -1;
+  for (int i = 0; i < 2 && connected < 0; i++) {
+    while ((connected = connect(fd, (struct sockaddr *)&addr, lengths[i])) < 0 && errno == EINTR) {
+    }
+    if (connected < 0 && errno != ECONNREFUSED && errno != ENOENT) break;
+  }
+  if (connected < 0) {
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return -1;
+  }
+  char tag[128];
+  int n = snprintf(tag, sizeof tag, "%s %d\n", token, stream);
+  if (write(fd, tag, (size_t)n) != n) {
+    int saved = errno == 0 ? EIO : errno;
+    close(fd);
+    errno = saved;
+    return -1;
+  }
+  return fd;
+}
+
+/* In the child, after fork: never returns. Reports a failure's errno on err_fd. */
+static void become_gate(int fds[3], int err_fd, const char *cwd, char **argv, char **envp) {
+  int e;
+  if (setsid() < 0) goto fail;
+  sigset_t none;
+  sigemptyset(&none);
+  for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL); /* errors for SIGKILL/SIGSTOP are fine */
+  if (sigprocmask(SIG_SETMASK, &none, NULL) < 0) goto fail;
+  /* fds[] are >= 3 (0, 1 and 2 are this program's own stdio), so dup2 never clobbers one of them. */
+  for (int i = 0; i < 3; i++)
+    if (dup2(fds[i], i) < 0) goto fail;
+  if (chdir(cwd) < 0) goto fail;
+  execve(argv[0], argv, envp);
+fail:
+  e = errno;
+  (void)!write(err_fd, &e, sizeof e);
+  _exit(127);
+}
+
+/* Parses one request and launches it. */
+static void launch(char *frame, uint32_t len) {
+  /* Split the frame into its NUL-terminated strings. */
+  char *end = frame + len;
+  char *p = frame;
+  char *fields[4] = {0};
+  char **argv = NULL;
+  char **envp = NULL;
+  const char *token = "?";
+#define NEXT(dst)                                        \
+  do {                                                   \
+    char *z = memchr(p, 0, (size_t)(end - p));           \
+    if (z == NULL) goto malformed;                       \
+    (dst) = p;                                           \
+    p = z + 1;                                           \
+  } while (0)
+  NEXT(fields[0]);
+  token = fields[0];
+  NEXT(fields[1]); /* cwd */
+  NEXT(fields[2]); /* argc */
+  long argc = strtol(fields[2], NULL, 10);
+  if (argc < 1 || argc > (long)len) goto malformed;
+  argv = calloc((size_t)argc + 1, sizeof(char *));
+  if (argv == NULL) die("calloc");
+  for (long i = 0; i < argc; i++) NEXT(argv[i]);
+  NEXT(fields[3]); /* envc */
+  long envc = strtol(fields[3], NULL, 10);
+  if (envc < 0 || envc > (long)len) goto malformed;
+  envp = calloc((size_t)envc + 1, sizeof(char *));
+  if (envp == NULL) die("calloc");
+  for (long i = 0; i < envc; i++) {
+    char *z = memchr(p, 0, (size_t)(end - p));
+    if (z == NULL) goto malformed;
+    envp[i] = p;
+    p = z + 1;
+  }
+#undef NEXT
+
+  int fds[3] = {-1, -1, -1};
+  int err_pipe[2] = {-1, -1};
+  int failure = 0;
+  for (int i = 0; i < 3 && failure == 0; i++) {
+    fds[i] = connect_back(token, i);
+    if (fds[i] < 0) failure = errno;
+  }
+  if (failure == 0 && pipe2(err_pipe, O_CLOEXEC) < 0) failure = errno;
+  pid_t pid = -1;
+  if (failure == 0) {
+    pid = fork();
+    if (pid < 0) failure = errno;
+    if (pid == 0) become_gate(fds, err_pipe[1], fields[1], argv, envp);
+  }
+  for (int i = 0; i < 3; i++)
+    if (fds[i] >= 0) close(fds[i]); /* the gate holds them now; the harness must see them close */
+  if (pid > 0) {
+    close(err_pipe[1]);
+    int child_errno = 0;
+    ssize_t n;
+    do n = read(err_pipe[0], &child_errno, sizeof child_errno);
+    while (n < 0 && errno == EINTR);
+    close(err_pipe[0]);
+    if (n == (ssize_t)sizeof child_errno) {
+      /* The child failed before or at exec and is exiting: reap it here so no X line is sent. */
+      while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+      }
+      failure = child_errno;
+    }
+  } else if (err_pipe[0] >= 0) {
+    close(err_pipe[0]);
+    close(err_pipe[1]);
+  }
+  free(argv);
+  free(envp);
+  if (failure != 0)
+    answerf("E %s %ld\n", token, failure);
+  else
+    answerf("S %s %ld\n", token, (long)pid);
+  return;
+malformed:
+  free(argv);
+  free(envp);
+  fprintf(stderr, "cairn-launcher: malformed request (token %s)\n", token);
+  answerf("E %s %ld\n", token, EINVAL);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2 || argv[1][0] == 0 || strlen(argv[1]) > sizeof(((struct sockaddr_un *)0)->sun_path) - 2) {
+    fprintf(stderr, "usage: cairn-launcher SOCKET-NAME (an abstract Unix socket name, without the leading NUL)\n");
+    return 2;
+  }
+  socket_name = argv[1];
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  if (sigprocmask(SIG_BLOCK, &chld, NULL) < 0) die("sigprocmask");
+  int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sfd < 0) die("signalfd");
+  if (fcntl(0, F_SETFD, FD_CLOEXEC) < 0 || fcntl(1, F_SETFD, FD_CLOEXEC) < 0) die("fcntl");
+
+  char *frame = NULL;
+  for (;;) {
+    struct pollfd pfd[2] = {{.fd = 0, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+    if (poll(pfd, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      die("poll");
+    }
+    if (pfd[1].revents & POLLIN) {
+      struct signalfd_siginfo info;
+      while (read(sfd, &info, sizeof info) == (ssize_t)sizeof info) {
+      }
+      int status;
+      pid_t pid;
+      while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        char line[64];
+        int n = snprintf(line, sizeof line, "X %ld %d\n", (long)pid, status);
+        answer(line, (size_t)n);
+      }
+    }
+    if (pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      unsigned char hdr[4];
+      if (!read_full(hdr, sizeof hdr)) return 0; /* the harness closed its end: done */
+      uint32_t len = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 | (uint32_t)hdr[3] << 24;
+      if (len == 0 || len > MAX_FRAME) {
+        fprintf(stderr, "cairn-launcher: request of %u bytes refused; the protocol is out of step, exiting\n", len);
+        return 2;
+      }
+      frame = realloc(frame, len);
+      if (frame == NULL) die("realloc");
+      if (!read_full(frame, len)) return 0;
+      if (frame[len - 1] != 0) {
+        fprintf(stderr, "cairn-launcher: request not NUL-terminated; the protocol is out of step, exiting\n");
+        return 2;
+      }
+      launch(frame, len);
+    }
+  }
+}

@@ -1,0 +1,373 @@
+/**
+ * Starting a gate process: through the small native launcher (native/launcher.c) when it is built,
+ * or with Node's own `spawn` otherwise. Both give the executor the same thing: a pid that leads its
+ * own session and process group, three stream sockets (the gate's stdin, stdout, stderr) and a
+ * promise of how the leader exited.
+ *
+ * Why a launcher. Node starts every child with fork(): the harness's whole address space has its
+ * page tables copied, and each page it writes afterwards takes a copy-on-write fault. Measured here,
+ * 3.5 ms of harness CPU per launch from a 52 MB Node and 6.5 ms from a 317 MB one, the largest cost
+ * of a round. The launcher is a tiny C program started once per process; it forks and execs the
+ * gate, so the harness only writes a request and accepts three connections.
+ *
+ * What does not change: the gate (`/bin/sh` blocked reading "go"), its identity (pid = pgid, start
+ * time from /proc), release (the harness writes "go" on the gate's stdin only after `started` is
+ * durable), stopping (signals to the process group, from the harness), and what a crash leaves (a
+ * gate whose stdin peer is gone reads end-of-file and exits 125 without running anything). The
+ * gate's stdio are Unix stream sockets either way: Node's `spawn` uses socket pairs for 'pipe' too.
+ *
+ * Choosing: `CAIRN_LAUNCHER=node` forces Node's spawn; otherwise the launcher is used when
+ * `build/cairn-launcher` exists (npm install builds it with the system C compiler; without one,
+ * `npm install` says so and Cairn uses Node's spawn, slower but equally safe).
+ *
+ * If the launcher itself dies while cells run (someone killed it), the harness cannot learn their
+ * exit status: each such cell is followed until its leader is gone, and then ends with an exit status
+ * marked unknown (the executor reports it as an error that says so). The next launch starts a new
+ * launcher.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { accessSync, constants as fsConstants } from "node:fs";
+import { createServer, type Server, type Socket } from "node:net";
+import { constants as osConstants } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { readProcStat } from "./procfs.js";
+
+/** How the gate's leader ended. `lost` says why the status is unknown (the launcher died). */
+export interface GateExit {
+  readonly code: number | null;
+  readonly signal: string | null;
+  readonly lost?: string;
+}
+
+/** A started gate. */
+export interface GateProcess {
+  readonly pid: number;
+  /** The gate's stdin; "go" is written here to release it. */
+  readonly stdin: Socket;
+  /** Its stdout and stderr, possibly paused: the caller listens for data, then calls `resume()`. */
+  readonly stdout: Socket;
+  readonly stderr: Socket;
+  readonly exited: Promise<GateExit>;
+}
+
+/** What `start` needs: the full argv (program first), the directory and the exact environment. */
+export interface GateSpawn {
+  readonly argv: readonly string[];
+  readonly cwd: string;
+  readonly env: Readonly<Record<string, string>>;
+}
+
+/** A gate start: the process, or the error the kernel (or Node) gave, with its `code` (ENOENT, E2BIG...). */
+export type GateStart = { ok: true; gate: GateProcess } | { ok: false; error: NodeJS.ErrnoException };
+
+/** Starts gates. */
+export interface GateLauncher {
+  /** "native" (the C launcher) or "node" (Node's spawn). */
+  readonly kind: "native" | "node";
+  start(spec: GateSpawn): Promise<GateStart>;
+}
+
+/** The launcher refuses a request larger than this (native/launcher.c's MAX_FRAME); so do we, first. */
+const MAX_FRAME = 32 * 1024 * 1024;
+/** How often a cell whose launcher died is checked for having ended. */
+const ORPHAN_POLL_MS = 100;
+
+const signalNames = new Map<number, string>(Object.entries(osConstants.signals).map(([name, n]) => [n, name]));
+const errnoNames = new Map<number, string>(Object.entries(osConstants.errno).map(([name, n]) => [n, name]));
+
+function errnoError(errno: number, what: string): NodeJS.ErrnoException {
+  const code = errnoNames.get(errno) ?? `errno ${errno}`;
+  const err: NodeJS.ErrnoException = new Error(`${what}: ${code}`);
+  err.code = code;
+  err.errno = -errno;
+  return err;
+}
+
+/** Decodes a raw wait(2) status into Node's (code, signal). */
+export function decodeWaitStatus(status: number): GateExit {
+  const low = status & 0x7f;
+  if (low === 0) return { code: (status >> 8) & 0xff, signal: null };
+  return { code: null, signal: signalNames.get(low) ?? `SIG${low}` };
+}
+
+/** The path of the built launcher, or null when it is not there (or not executable). */
+export function nativeLauncherPath(): string | null {
+  // src/exec (run from source) and dist/src/exec (built) are two and three levels below the root; a
+  // bundle (deploy/Dockerfile's /app/cairn.mjs) sits at the root.
+  const here = dirname(fileURLToPath(import.meta.url));
+  for (const up of ["../..", "../../..", "."]) {
+    const candidate = join(here, up, "build", "cairn-launcher");
+    try {
+      accessSync(candidate, fsConstants.X_OK);
+      return candidate;
+    } catch (_err) {
+      // not here
+    }
+  }
+  return null;
+}
+
+/** Node's own spawn: one fork of this process per gate. */
+export const nodeLauncher: GateLauncher = {
+  kind: "node",
+  start(spec: GateSpawn): Promise<GateStart> {
+    const [program, ...args] = spec.argv;
+    let child: ChildProcess;
+    try {
+      child = spawn(program ?? "", args, { cwd: spec.cwd, env: { ...spec.env }, detached: true, stdio: ["pipe", "pipe", "pipe"] });
+    } catch (err) {
+      return Promise.resolve({ ok: false, error: err as NodeJS.ErrnoException });
+    }
+    // A failed spawn (ENOENT, E2BIG, ENOMEM...) is an `error` event and no pid; a started one `spawn`.
+    // The exit listener is attached now: a gate can exit before `spawn` is handled.
+    const exited = new Promise<GateExit>((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
+    return new Promise<GateStart>((resolve) => {
+      child.once("spawn", () => {
+        child.on("error", () => undefined);
+        const { stdin, stdout, stderr } = child;
+        if (child.pid === undefined || stdin === null || stdout === null || stderr === null) {
+          resolve({ ok: false, error: errnoError(osConstants.errno.ECHILD, "spawn returned no process") });
+          return;
+        }
+        resolve({ ok: true, gate: { pid: child.pid, stdin: stdin as Socket, stdout: stdout as Socket, stderr: stderr as Socket, exited } });
+      });
+      child.once("error", (err: NodeJS.ErrnoException) => {
+        child.stdout?.destroy();
+        child.stderr?.destroy();
+        child.stdin?.destroy();
+        resolve({ ok: false, error: err });
+      });
+    });
+  },
+};
+
+interface Pending {
+  readonly token: string;
+  readonly conns: (Socket | null)[];
+  pid: number | null;
+  /** Listened for from the S answer on: the X line can come before the last connection does. */
+  exited: Promise<GateExit> | null;
+  readonly resolve: (r: GateStart) => void;
+}
+
+/**
+ * One running launcher process and the socket its connections come back to. Used by every executor
+ * of this process; started lazily, restarted by the next launch if it died.
+ */
+class NativeLauncher implements GateLauncher {
+  readonly kind = "native" as const;
+  private readonly path: string;
+  private running: { child: ChildProcess; server: Server; name: string; dead: boolean } | null = null;
+  private starting: Promise<NonNullable<NativeLauncher["running"]>> | null = null;
+  private readonly pending = new Map<string, Pending>();
+  /** Exits awaited, by pid; set when the launcher answers S, resolved by its X. */
+  private readonly exits = new Map<number, (e: GateExit) => void>();
+
+  constructor(path: string) {
+    this.path = path;
+  }
+
+  async start(spec: GateSpawn): Promise<GateStart> {
+    // Node refuses a NUL byte in an argument or the environment (a C string cannot hold one); so do we,
+    // in the same words, before anything is sent.
+    for (const s of [...spec.argv, spec.cwd, ...Object.entries(spec.env).flat()]) {
+      if (s.includes("\0")) {
+        const err: NodeJS.ErrnoException = new TypeError(`The argument 'args' must be a string without null bytes. Received ${JSON.stringify(s.slice(0, 80))}`);
+        err.code = "ERR_INVALID_ARG_VALUE";
+        return { ok: false, error: err };
+      }
+    }
+    const token = randomBytes(16).toString("hex");
+    const env = Object.entries(spec.env).map(([k, v]) => `${k}=${v}`);
+    const fields = [token, spec.cwd, String(spec.argv.length), ...spec.argv, String(env.length), ...env];
+    const body = Buffer.from(`${fields.join("\0")}\0`, "utf8");
+    if (body.length > MAX_FRAME) return { ok: false, error: errnoError(osConstants.errno.E2BIG, "spawn") };
+    const frame = Buffer.allocUnsafe(4 + body.length);
+    frame.writeUInt32LE(body.length, 0);
+    body.copy(frame, 4);
+
+    const running = await this.ensureRunning();
+    return new Promise<GateStart>((resolve) => {
+      this.pending.set(token, { token, conns: [null, null, null], pid: null, exited: null, resolve });
+      this.refresh();
+      running.child.stdin?.write(frame);
+    });
+  }
+
+  private ensureRunning(): Promise<NonNullable<NativeLauncher["running"]>> {
+    if (this.running !== null && !this.running.dead) return Promise.resolve(this.running);
+    this.starting ??= this.launch().finally(() => {
+      this.starting = null;
+    });
+    return this.starting;
+  }
+
+  private async launch(): Promise<NonNullable<NativeLauncher["running"]>> {
+    const name = `cairn-launcher-${process.pid}-${randomBytes(8).toString("hex")}`;
+    const server = createServer({ allowHalfOpen: false }, (socket) => this.accept(socket));
+    await new Promise<void>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(`\0${name}`, () => {
+        server.off("error", reject);
+        resolve();
+      });
+    });
+    server.on("error", () => undefined);
+    server.unref();
+    // Its own session: a terminal's ^C to the harness's group must not kill the launcher (cells being
+    // stopped by that same shutdown still need their exits reported).
+    const child = spawn(this.path, [name], { detached: true, stdio: ["pipe", "pipe", "inherit"] });
+    const running = { child, server, name, dead: false };
+    child.on("error", () => this.died(running, "it could not be started"));
+    child.once("exit", (code, signal) => this.died(running, signal !== null ? `it was killed by ${signal}` : `it exited with code ${code}`));
+    child.stdin?.on("error", () => undefined);
+    let buf = "";
+    child.stdout?.setEncoding("utf8");
+    child.stdout?.on("data", (chunk: string) => {
+      buf += chunk;
+      let i: number;
+      while ((i = buf.indexOf("\n")) >= 0) {
+        this.answer(buf.slice(0, i));
+        buf = buf.slice(i + 1);
+      }
+    });
+    child.unref();
+    this.running = running;
+    this.refresh();
+    return running;
+  }
+
+  /** Keeps this process alive while a launch or an exit is awaited, and only then. */
+  private refresh(): void {
+    const r = this.running;
+    if (r === null || r.dead) return;
+    const busy = this.pending.size > 0 || this.exits.size > 0;
+    const out = r.child.stdout as Socket | null;
+    if (busy) out?.ref();
+    else out?.unref();
+    (r.child.stdin as Socket | null)?.unref();
+  }
+
+  private answer(line: string): void {
+    const [kind, a, b] = line.split(" ");
+    if (kind === "S" && a !== undefined) {
+      const p = this.pending.get(a);
+      const pid = Number(b);
+      if (p === undefined || !Number.isInteger(pid)) return;
+      p.pid = pid;
+      p.exited = this.track(pid);
+      this.settle(p);
+    } else if (kind === "E" && a !== undefined) {
+      const p = this.pending.get(a);
+      if (p === undefined) return;
+      this.pending.delete(a);
+      for (const c of p.conns) c?.destroy();
+      p.resolve({ ok: false, error: errnoError(Number(b), "spawn /bin/sh") });
+      this.refresh();
+    } else if (kind === "X" && a !== undefined) {
+      const pid = Number(a);
+      const resolve = this.exits.get(pid);
+      if (resolve === undefined) return;
+      this.exits.delete(pid);
+      resolve(decodeWaitStatus(Number(b)));
+      this.refresh();
+    }
+  }
+
+  /** A connection back from the launcher: "<token> <n>\n", then the stream itself. */
+  private accept(socket: Socket): void {
+    socket.on("error", () => undefined);
+    let head = Buffer.alloc(0);
+    const onData = (chunk: Buffer): void => {
+      head = Buffer.concat([head, chunk]);
+      const nl = head.indexOf(10);
+      if (nl < 0) {
+        if (head.length > 128) socket.destroy();
+        return;
+      }
+      socket.off("data", onData);
+      socket.pause();
+      const [token, n] = head.subarray(0, nl).toString("latin1").split(" ");
+      const rest = head.subarray(nl + 1);
+      const p = token === undefined ? undefined : this.pending.get(token);
+      const stream = Number(n);
+      if (p === undefined || !(stream === 0 || stream === 1 || stream === 2) || p.conns[stream] !== null) {
+        socket.destroy();
+        return;
+      }
+      if (rest.length > 0) socket.unshift(rest);
+      // The gate's stdin is only written to; reading it lets its end (the gate exited) close it.
+      if (stream === 0) socket.resume();
+      p.conns[stream] = socket;
+      this.settle(p);
+    };
+    socket.on("data", onData);
+  }
+
+  /** Resolves a launch once the launcher named its pid and all three connections arrived. */
+  private settle(p: Pending): void {
+    const [stdin, stdout, stderr] = p.conns;
+    if (p.pid === null || p.exited === null || stdin == null || stdout == null || stderr == null) return;
+    this.pending.delete(p.token);
+    // As Node does for a child's stdin: once the process is gone, nothing more can be written to it.
+    void p.exited.then(() => stdin.destroy());
+    p.resolve({ ok: true, gate: { pid: p.pid, stdin, stdout, stderr, exited: p.exited } });
+    this.refresh();
+  }
+
+  private track(pid: number): Promise<GateExit> {
+    return new Promise<GateExit>((resolve) => this.exits.set(pid, resolve));
+  }
+
+  /** The launcher is gone: fail what was not started, and follow what runs until it ends. */
+  private died(running: NonNullable<NativeLauncher["running"]>, why: string): void {
+    if (running.dead) return;
+    running.dead = true;
+    running.server.close();
+    if (this.running === running) this.running = null;
+    for (const p of this.pending.values()) {
+      for (const c of p.conns) c?.destroy();
+      if (p.pid !== null) continue; // started: followed below like the others
+      this.pending.delete(p.token);
+      p.resolve({ ok: false, error: errnoError(osConstants.errno.ECHILD, `the cell launcher died before answering (${why})`) });
+    }
+    for (const p of [...this.pending.values()]) {
+      // Started, but its connections never all arrived: it cannot be released; its gate reads end-of-file.
+      this.pending.delete(p.token);
+      p.resolve({ ok: false, error: errnoError(osConstants.errno.ECHILD, `the cell launcher died while starting the gate (${why})`) });
+    }
+    const lost = `the cell launcher (pid ${running.child.pid ?? "?"}) that started it ${why.replace(/^it /, "")}, so its exit status could not be read`;
+    for (const [pid, resolve] of [...this.exits]) {
+      this.exits.delete(pid);
+      const start = readProcStat(pid)?.startTime ?? null;
+      const poll = setInterval(() => {
+        const now = readProcStat(pid);
+        if (now === null || now.startTime !== start || now.state === "Z" || now.state === "X") {
+          clearInterval(poll);
+          resolve({ code: null, signal: null, lost });
+        }
+      }, ORPHAN_POLL_MS);
+    }
+  }
+}
+
+let chosen: GateLauncher | null = null;
+
+/**
+ * The launcher this process uses: native when built (and not turned off with `CAIRN_LAUNCHER=node`),
+ * else Node's spawn. Decided once per process.
+ */
+export function gateLauncher(): GateLauncher {
+  if (chosen === null) {
+    const path = process.env["CAIRN_LAUNCHER"] === "node" ? null : nativeLauncherPath();
+    chosen = path === null ? nodeLauncher : new NativeLauncher(path);
+  }
+  return chosen;
+}
+
+/** A launcher of its own (for tests): the native one at `path`. */
+export function createNativeLauncher(path: string): GateLauncher {
+  return new NativeLauncher(path);
+}

@@ -1,0 +1,198 @@
+/**
+ * The native cell launcher (native/launcher.c, src/exec/launcher.ts) against real processes: it is
+ * what this checkout uses, the gates are its children and not the harness's, concurrent launches get
+ * their own streams, strangers on its socket are turned away, and its own death (SIGKILL) or the
+ * harness's never runs a gate that was not released nor loses track of a cell silently.
+ */
+import assert from "node:assert/strict";
+import { execa } from "execa";
+import { existsSync, readFileSync } from "node:fs";
+import { connect } from "node:net";
+import { join } from "node:path";
+import { after, describe, test } from "node:test";
+import { createExecutor, type GatedLaunch, type LaunchSpec, type Prepared } from "../../src/exec/executor.js";
+import { createNativeLauncher, decodeWaitStatus, gateLauncher, nativeLauncherPath } from "../../src/exec/launcher.js";
+import { liveGroupMembers, readProcStat } from "../../src/exec/procfs.js";
+import { collector, isAlive, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
+
+const tmp = tempDir("cairn-launcher-");
+const groups: number[] = [];
+after(() => {
+  for (const g of groups) killGroupQuietly(g);
+  tmp.remove();
+});
+
+const forcedNode = process.env["CAIRN_LAUNCHER"] === "node";
+const path = nativeLauncherPath();
+
+let nextCell = 1;
+function spec(argv: string[], extra: Partial<LaunchSpec> = {}): LaunchSpec & { out: ReturnType<typeof collector> } {
+  const out = collector();
+  return { cellId: nextCell++, cell: { kind: "cmd", argv }, cwd: tmp.dir, scriptDir: join(tmp.dir, "scripts"), wallTimeMs: 60_000, outputLimitBytes: 1 << 20, flushIntervalMs: 20, onOutput: out.onOutput, out, ...extra };
+}
+
+function gated(p: Prepared): GatedLaunch {
+  if (p.kind !== "gated") assert.fail(`expected a gated launch, got unlaunchable: ${p.outcome.detail}`);
+  groups.push(p.identity.pgid);
+  return p;
+}
+
+function comm(pid: number): string | null {
+  try {
+    return readFileSync(`/proc/${pid}/comm`, "utf8").trim();
+  } catch (_err) {
+    return null;
+  }
+}
+
+describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's spawn was asked for" : false }, () => {
+  test("this checkout built it, and it is the launcher this process uses", () => {
+    assert.ok(path !== null && existsSync(path), "build/cairn-launcher exists (npm install builds it; `node scripts/build-launcher.mjs` by hand)");
+    assert.equal(gateLauncher().kind, "native");
+  });
+
+  test("the gate is the launcher's child, not a fork of this process, and keeps pid = pgid = session", async () => {
+    const ex = createExecutor({ killGraceMs: 200 });
+    const g = gated(await ex.prepare(spec(["true"])));
+    const stat = readProcStat(g.identity.pid);
+    assert.ok(stat !== null);
+    assert.notEqual(stat.ppid, process.pid, "this process did not fork the gate");
+    assert.equal(comm(stat.ppid), "cairn-launcher");
+    assert.equal(stat.pgid, g.identity.pid);
+    assert.equal(stat.sid, g.identity.pid);
+    g.release();
+    const outcome = await g.done;
+    assert.equal(outcome.result, "success");
+  });
+
+  test("64 launches at once: each gate gets its own streams and its own exit", async () => {
+    const ex = createExecutor({ killGraceMs: 200 });
+    const specs = Array.from({ length: 64 }, (_, i) => spec(["sh", "-c", `echo out-${i}; echo err-${i} >&2; exit ${i % 7}`]));
+    const launches = (await Promise.all(specs.map((s) => ex.prepare(s)))).map(gated);
+    assert.equal(new Set(launches.map((g) => g.identity.pid)).size, 64);
+    for (const g of launches) g.release();
+    const outcomes = await Promise.all(launches.map((g) => g.done));
+    outcomes.forEach((o, i) => {
+      assert.equal(o.exit_code, i % 7, `cell ${i}'s own exit code`);
+      assert.equal(specs[i]?.out.text("stdout"), `out-${i}\n`);
+      assert.equal(specs[i]?.out.text("stderr"), `err-${i}\n`);
+    });
+  });
+
+  test("a connection to its socket with an unknown token is closed, and launches go on", async () => {
+    const ex = createExecutor({ killGraceMs: 200 });
+    const g = gated(await ex.prepare(spec(["true"])));
+    const launcherPid = readProcStat(g.identity.pid)?.ppid ?? 0;
+    const name = readFileSync(`/proc/${launcherPid}/cmdline`, "utf8").split("\0")[1] ?? "";
+    assert.match(name, /^cairn-launcher-\d+-[0-9a-f]+$/);
+    const closed = await new Promise<boolean>((resolve) => {
+      const s = connect(`\0${name}`, () => s.write(`${"0".repeat(32)} 1\n`));
+      s.on("error", () => resolve(true));
+      s.on("close", () => resolve(true));
+      setTimeout(() => {
+        s.destroy();
+        resolve(false);
+      }, 5000);
+    });
+    assert.ok(closed, "the stranger's connection was closed");
+    g.release();
+    assert.equal((await g.done).result, "success");
+    const s2 = spec(["echo", "still fine"]);
+    const g2 = gated(await ex.prepare(s2));
+    g2.release();
+    assert.equal((await g2.done).result, "success");
+    assert.equal(s2.out.text("stdout"), "still fine\n");
+  });
+
+  test("SIGKILL of the launcher while a cell runs: the cell runs to its end, its outcome says the status is unknown, the next launch starts a new launcher", async () => {
+    assert.ok(path !== null);
+    const ex = createExecutor({ killGraceMs: 200, launcher: createNativeLauncher(path) });
+    const s = spec(["sh", "-c", "sleep 0.5; echo finished"]);
+    const g = gated(await ex.prepare(s));
+    const launcherPid = readProcStat(g.identity.pid)?.ppid ?? 0;
+    assert.equal(comm(launcherPid), "cairn-launcher");
+    g.release();
+    process.kill(launcherPid, "SIGKILL");
+    const outcome = await g.done;
+    assert.equal(outcome.result, "error");
+    assert.match(outcome.detail ?? "", /exit status is unknown: the cell launcher \(pid \d+\) that started it was killed by SIGKILL/);
+    assert.equal(s.out.text("stdout"), "finished\n", "the cell was not stopped: it ran to its end and its output was captured");
+    assert.deepEqual(liveGroupMembers(g.identity.pgid), []);
+
+    const s2 = spec(["echo", "again"]);
+    const g2 = gated(await ex.prepare(s2));
+    const second = readProcStat(g2.identity.pid)?.ppid ?? 0;
+    assert.notEqual(second, launcherPid);
+    assert.equal(comm(second), "cairn-launcher");
+    g2.release();
+    assert.equal((await g2.done).result, "success");
+    assert.equal(s2.out.text("stdout"), "again\n");
+  });
+
+  test("SIGKILL of the launcher before release: the gate can still be released, and runs", async () => {
+    assert.ok(path !== null);
+    const ex = createExecutor({ killGraceMs: 200, launcher: createNativeLauncher(path) });
+    const s = spec(["echo", "released after the launcher died"]);
+    const g = gated(await ex.prepare(s));
+    const launcherPid = readProcStat(g.identity.pid)?.ppid ?? 0;
+    process.kill(launcherPid, "SIGKILL");
+    await waitFor(() => !isAlive(launcherPid), 5000, "the launcher to die");
+    g.release();
+    const outcome = await g.done;
+    assert.equal(s.out.text("stdout"), "released after the launcher died\n");
+    assert.match(outcome.detail ?? "", /exit status is unknown/);
+  });
+
+  test("when the process that started it dies, the launcher exits, an unreleased gate runs nothing, and a released cell runs on", async () => {
+    const marker = join(tmp.dir, "never-touched");
+    const ran = join(tmp.dir, "ran-after-crash");
+    const executorUrl = new URL("../../src/exec/executor.ts", import.meta.url).href;
+    const script = `
+      import { createExecutor } from ${JSON.stringify(executorUrl)};
+      import { readFileSync } from "node:fs";
+      const ex = createExecutor();
+      const base = { cwd: ${JSON.stringify(tmp.dir)}, scriptDir: ${JSON.stringify(tmp.dir)}, wallTimeMs: 60000, outputLimitBytes: 1000, onOutput: async () => {} };
+      const held = await ex.prepare({ ...base, cellId: 1, cell: { kind: "cmd", argv: ["touch", ${JSON.stringify(marker)}] } });
+      const free = await ex.prepare({ ...base, cellId: 2, cell: { kind: "cmd", argv: ["sh", "-c", "sleep 1; touch ${ran}"] } });
+      free.release();
+      const launcher = Number(readFileSync("/proc/" + held.identity.pid + "/stat", "utf8").split(") ")[1].split(" ")[1]);
+      console.log(JSON.stringify({ held: held.identity, free: free.identity, launcher }));
+      process.kill(process.pid, "SIGKILL");
+    `;
+    const r = await execa(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { reject: false });
+    assert.equal(r.signal, "SIGKILL", r.stderr);
+    const ids = JSON.parse(r.stdout) as { held: { pid: number; pgid: number }; free: { pid: number; pgid: number }; launcher: number };
+    groups.push(ids.held.pgid, ids.free.pgid);
+    await waitFor(() => !isAlive(ids.launcher), 10_000, "the launcher to exit");
+    await waitFor(() => !isAlive(ids.held.pid), 10_000, "the unreleased gate to exit");
+    assert.equal(existsSync(marker), false, "the unreleased cell never ran");
+    await waitFor(() => existsSync(ran), 10_000, "the released cell to finish on its own");
+  });
+
+  test("a process whose cells have ended exits on its own: the launcher does not hold its event loop", async () => {
+    const executorUrl = new URL("../../src/exec/executor.ts", import.meta.url).href;
+    const script = `
+      import { createExecutor } from ${JSON.stringify(executorUrl)};
+      const ex = createExecutor();
+      const p = await ex.prepare({ cellId: 1, cell: { kind: "cmd", argv: ["echo", "hi"] }, cwd: ${JSON.stringify(tmp.dir)},
+        scriptDir: ${JSON.stringify(tmp.dir)}, wallTimeMs: 60000, outputLimitBytes: 1000, onOutput: async (c) => { process.stdout.write(c.map((x) => x.data).join("")); } });
+      p.release();
+      const o = await p.done;
+      console.log(o.result);
+    `;
+    const r = await execa(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { reject: false, timeout: 20_000 });
+    assert.equal(r.timedOut, false, "the process did not exit by itself");
+    assert.equal(r.exitCode, 0, r.stderr);
+    assert.equal(r.stdout, "hi\nsuccess");
+  });
+});
+
+describe("wait statuses", () => {
+  test("decodes exits and deaths by signal as Node does", () => {
+    assert.deepEqual(decodeWaitStatus(0), { code: 0, signal: null });
+    assert.deepEqual(decodeWaitStatus(3 << 8), { code: 3, signal: null });
+    assert.deepEqual(decodeWaitStatus(125 << 8), { code: 125, signal: null });
+    assert.deepEqual(decodeWaitStatus(9), { code: null, signal: "SIGKILL" });
+    assert.deepEqual(decodeWaitStatus(15 | 0x80), { code: null, signal: "SIGTERM" }, "a core dump flag does not change the signal");
+  });
+});
