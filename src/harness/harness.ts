@@ -291,7 +291,7 @@ export class Harness {
     const sessions = new Set(logged.map((e) => e.session));
     let consumed = false;
     for (const e of logged) if (e.kind === "patch_accepted") consumed = true;
-    if (consumed) void this.mailbox.drain();
+    if (consumed && this.mailbox.wantsDrainAfterConsume()) void this.mailbox.drain();
     this.drivers.wake(sessions);
     this.refreshMetrics();
     this.metrics?.lastProgress(this.core.world.clock.now() / 1000);

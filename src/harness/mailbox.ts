@@ -49,6 +49,12 @@ export async function postObservation(host: HarnessCore, session: string, observ
 export class MailboxDelivery {
   private draining = false;
   private again = false;
+  /**
+   * True when the mailbox may hold messages that wait for an inbox to make room: the last drain left
+   * some behind (an inbox was full) or failed, or none ran yet. Only then is a drain worth its read
+   * after a turn consumed inbox items; new messages have their own signal.
+   */
+  private behind = true;
 
   constructor(
     private readonly host: HarnessCore,
@@ -58,6 +64,15 @@ export class MailboxDelivery {
     /** Runs one batch's delivery (the harness holds the drivers of runs it starts until it ends). */
     private readonly around: (deliver: () => Promise<void>) => Promise<void> = (deliver) => deliver(),
   ) {}
+
+  /**
+   * Whether a turn that consumed inbox items should drain the mailbox: messages were left behind for
+   * a full inbox, or a drain is running now (it may be judging an inbox this turn just emptied; asking
+   * again makes it run once more after).
+   */
+  wantsDrainAfterConsume(): boolean {
+    return this.behind || this.draining;
+  }
 
   async drain(): Promise<void> {
     if (this.draining) {
@@ -72,6 +87,7 @@ export class MailboxDelivery {
         await this.around(() => this.drainOnce());
       } while (this.again);
     } catch (err) {
+      this.behind = true;
       if (!this.host.stopping()) this.host.logger.error({ err }, "could not drain the mailbox");
     } finally {
       this.draining = false;
@@ -80,6 +96,7 @@ export class MailboxDelivery {
 
   private async drainOnce(): Promise<void> {
     const { host } = this;
+    this.behind = true;
     const messages = await this.db.drain();
     let ackTo = 0;
     let leftBehind = false;
@@ -122,6 +139,7 @@ export class MailboxDelivery {
       if (!leftBehind) ackTo = m.mseq;
     }
     if (ackTo > 0) await this.db.ack(ackTo);
+    this.behind = leftBehind;
   }
 
   /** A message refused at drain time becomes an event the poster sees (`cairn status`, `post --wait`). */

@@ -79,6 +79,44 @@ describe("review: the storage mailbox", () => {
   });
 });
 
+describe("the storage mailbox after a full inbox drains", () => {
+  it("a message left behind for a full inbox is delivered once a turn consumes that inbox", async () => {
+    const t = tempDir();
+    const storage = createMemoryStorage();
+    // The first model call waits until the test lets it go, so the inbox stays full meanwhile. Every
+    // other turn runs a short cell (a turn with nothing to run would count as idle).
+    let letGo: () => void = () => undefined;
+    const held = new Promise<void>((resolve) => (letGo = resolve));
+    let calls = 0;
+    const model: Model = {
+      name: "held",
+      step: async (req: ModelRequest) => {
+        calls++;
+        if (calls === 1) await held;
+        const seen = req.state.runtime.inbox.some((o) => o.id === "behind");
+        const rev = req.state.revision;
+        return { patch: seen ? adds(rev, req.state.runtime.next_cell_id, [note("got it")]) : adds(rev, req.state.runtime.next_cell_id, [cmd("sleep", "0.2")]), usage: null };
+      },
+    };
+    const h = await Harness.open({ storage, name: "mbf", model, workDir: t.dir, limits: { ...fast, inboxLimit: 1 } });
+    try {
+      const s = await h.start({ goal: "wait for the message", cwd: t.dir, budgets: { max_rounds: 50 } });
+      await until("the first turn to be open", () => h.session(s)!.open_turn !== null);
+      await h.post(s, { id: "fill", kind: "k", payload: 1 }); // the inbox is full (limit 1)
+      await storage.post("mbf", { id: "behind", session: s, kind: "k", payload: 2, at: new Date().toISOString() });
+      await sleep(500);
+      assert.equal(h.session(s)!.observations.has("behind"), false, "held in the mailbox while the inbox is full");
+      letGo();
+      await until("the message left behind to be delivered once the inbox has room", () => h.session(s)!.observations.has("behind"), 60_000);
+      await until("a turn to see it", () => [...h.session(s)!.cells.values()].some((c) => c.kind === "note" && c.text === "got it"), 60_000);
+    } finally {
+      letGo();
+      await h.close();
+      t.cleanup();
+    }
+  });
+});
+
 describe("review: timers", () => {
   it("two concurrent registrations of the same timer id both succeed and register it once", async () => {
     const t = tempDir();
