@@ -178,13 +178,22 @@ export class SqliteDatabase implements Database {
     const batch = prepareBatch(events);
     if (this.faults !== undefined) await this.faults("commit:before");
     const receipt = this.transact("write", "commit", () => {
-      const present = batch.filter((e) => this.hasIdentity.get(e.identity) !== undefined).map((e) => e.identity);
-      if (present.length > 0) throw duplicateIdentity(present, "in the log");
+      // The identity column is UNIQUE: an insert of one already in the log fails, and the whole
+      // transaction rolls back. Only then are the batch's identities looked up, to name every one
+      // already present (the ones inserted before the failure were not: the batch has no repeats).
       let firstSeq = 0;
       let lastSeq = 0;
-      for (const e of batch) {
+      for (const [i, e] of batch.entries()) {
         const body = JSON.stringify(e.body);
-        lastSeq = Number(this.insert.run(e.identity, e.kind, e.session, e.at, body, eventCrc(e.identity, e.kind, e.session, e.at, body)).lastInsertRowid);
+        try {
+          lastSeq = Number(this.insert.run(e.identity, e.kind, e.session, e.at, body, eventCrc(e.identity, e.kind, e.session, e.at, body)).lastInsertRowid);
+        } catch (err) {
+          if ((err as { code?: unknown }).code !== "SQLITE_CONSTRAINT_UNIQUE") throw err;
+          throw duplicateIdentity(
+            batch.slice(i).filter((x) => this.hasIdentity.get(x.identity) !== undefined).map((x) => x.identity),
+            "in the log",
+          );
+        }
         if (firstSeq === 0) firstSeq = lastSeq;
       }
       return { firstSeq, lastSeq };
