@@ -8,6 +8,7 @@
  * Pure: no I/O, no clock. Imports nothing of ours.
  */
 import { z } from "zod";
+import { isJsonValue, MAX_JSON_DEPTH } from "./canonical.js";
 
 /** A cell id: a positive integer, allocated consecutively from `runtime.next_cell_id`. */
 export const CellId = z.number().int().positive();
@@ -102,9 +103,16 @@ export type ObservationSource = z.infer<typeof ObservationSource>;
 /** Id prefixes only the harness may use; an outside sender cannot forge them. */
 export const RESERVED_OBSERVATION_PREFIXES = ["execution:", "timer:", "control:", "idle:"] as const;
 
-export const JsonValue: z.ZodType<unknown> = z.lazy(() =>
-  z.union([z.null(), z.boolean(), z.number(), z.string(), z.array(JsonValue), z.record(z.string(), JsonValue)]),
-);
+/**
+ * Any plain JSON value (null, boolean, finite number, string, array, plain object), nested at most
+ * MAX_JSON_DEPTH levels. Checked by `isJsonValue` rather than a recursive zod union: the union tried
+ * each alternative at every node and copied every object, which made it most of the cost of
+ * validating an event on write (about 1.6 µs of 2.2 per small observation event). The value is kept as
+ * given, own `__proto__` keys included, exactly as the fold and the structure decode keep it.
+ */
+export const JsonValue: z.ZodType<unknown> = z.custom<unknown>((v) => isJsonValue(v), {
+  message: `must be plain JSON (null, a boolean, a finite number, a string, an array or a plain object), nested at most ${MAX_JSON_DEPTH} levels`,
+});
 
 export const Observation = z.strictObject({
   id: z.string().min(1).max(200),

@@ -1,0 +1,16 @@
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { event, identity } from "../src/state/events.js";
+import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
+const AT = "2025-01-02T03:04:05.678Z";
+const dir = mkdtempSync(join(tmpdir(), "zz-"));
+const storage = createSqliteStorage({ dataDir: dir });
+const db = await storage.open("p");
+const batch = (i: number) => Array.from({ length: 20 }, (_, j) => { const id = `a-${i}-${j}`; return event("inbox_received", "bench", identity.inbox("bench", id), AT, { observation: { id, source: "external", kind: "note", at: AT, payload: { text: "a typical small observation payload", i, j } } }); });
+for (let i = 0; i < 2000; i++) await db.commit(batch(i));
+const t = performance.now(); const c0 = process.cpuUsage();
+for (let i = 2000; i < 12000; i++) await db.commit(batch(i));
+const c = process.cpuUsage(c0);
+console.log("ms/commit", ((performance.now() - t) / 10000).toFixed(3), "cpu ms/commit", ((c.user + c.system) / 1000 / 10000).toFixed(3));
+await db.close(); await storage.close();
