@@ -103,6 +103,11 @@ interface Browser {
   document: { querySelector(sel: string): { textContent: string | null; getAttribute(name: string): string | null } | null };
 }
 
+/** What the geometry check uses of the browser. */
+interface Geometry {
+  document: { querySelector(sel: string): { getBoundingClientRect(): { left: number } } | null };
+}
+
 /** The rows of session s1 as the page shows them: [kind, label, outcome]. */
 async function rows(): Promise<[string, string, string][]> {
   return page.$$eval("section.session[data-session=s1] .row[data-kind]", (els) =>
@@ -147,8 +152,13 @@ describe("the timeline page in chromium", () => {
     }
     // The takeover line sits after cell 2 began and before cell 4 began.
     // (No named functions inside page callbacks: the test's transpiler would wrap them in a helper the page lacks.)
-    const left = (sel: string): Promise<number> => page.$eval(sel, (e) => e.getBoundingClientRect().left);
-    const pos = { cell2: await left(".row[data-id='2'][data-kind=cell] .bar"), owner2: await left(".owner-line[data-epoch='2']"), cell4: await left(".row[data-id='4'][data-kind=cell] .bar") };
+    // All three in one evaluation: the run is live, so the axis's span grows with the clock and every
+    // position moves left between two separate reads.
+    const [cell2, owner2, cell4] = await page.evaluate(
+      (sels) => sels.map((sel) => (globalThis as unknown as Geometry).document.querySelector(sel)?.getBoundingClientRect().left ?? Number.NaN),
+      [".row[data-id='2'][data-kind=cell] .bar", ".owner-line[data-epoch='2']", ".row[data-id='4'][data-kind=cell] .bar"],
+    );
+    const pos = { cell2: cell2!, owner2: owner2!, cell4: cell4! };
     assert.ok(pos.cell2 < pos.owner2 && pos.owner2 <= pos.cell4, JSON.stringify(pos));
     // Header, axis, legend.
     assert.match((await page.textContent("section.session[data-session=s1] h2"))!, /s1\s*running\s*Rebuild after a broken build/);
