@@ -12,7 +12,8 @@
  *   1. opens three Unix stream connections to the harness's abstract socket (given as argv[1]) and
  *      writes "<token> <n>\n" on each (n = 0, 1, 2: the gate's stdin, stdout, stderr): the harness
  *      pairs them with the launch by the token, a random 128-bit value that only it and this process
- *      know;
+ *      know; a connection counts only if the listening end is the harness itself, this process's
+ *      parent (SO_PEERCRED), because anyone may bind an abstract name (see connect_back);
  *   2. forks; the child starts a new session (setsid: its own process group, pgid = pid), resets
  *      every signal to its default and unblocks them all, puts the three connections on fds 0, 1
  *      and 2, changes to the cell's directory and execs /bin/sh with the gate script, its argv and
@@ -45,6 +46,7 @@
 #include <string.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,10 +97,17 @@ static int read_full(void *buf, size_t len) {
   return 1;
 }
 
-/* Opens one connection to the harness and tags it; returns the fd or -1 with errno set. */
+/* The harness: the process that started this launcher, and the only one whose socket it connects to. */
+static pid_t harness_pid;
+
+/* Opens one connection to the harness and tags it; returns the fd or -1 with errno set.
+ *
+ * An abstract name has no owner and no permissions: any process on the host (any user) may bind the
+ * spelling of it the harness did not bind (padded or exact length), and then receive a gate's stdin
+ * and write "go" to it. So a connection counts only when the listening end is the harness itself
+ * (SO_PEERCRED gives the pid that called listen()) and the harness is still this process's parent
+ * (if it died, no one else may take its launches). Anything else is refused with ECONNREFUSED. */
 static int connect_back(const char *token, int stream) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
   struct sockaddr_un addr;
   memset(&addr, 0, sizeof addr);
   addr.sun_family = AF_UNIX;
@@ -107,27 +116,38 @@ static int connect_back(const char *token, int stream) {
   /* Node 20 binds an abstract name padded with NULs to the whole of sun_path; newer releases may bind
    * the exact length. Both are tried, padded first. */
   socklen_t lengths[2] = {(socklen_t)sizeof addr, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + name_len)};
-  int connected = -1;
-  for (int i = 0; i < 2 && connected < 0; i++) {
+  int failure = ECONNREFUSED;
+  for (int i = 0; i < 2; i++) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    int connected;
     while ((connected = connect(fd, (struct sockaddr *)&addr, lengths[i])) < 0 && errno == EINTR) {
     }
-    if (connected < 0 && errno != ECONNREFUSED && errno != ENOENT) break;
+    if (connected < 0) {
+      failure = errno;
+      close(fd);
+      if (failure != ECONNREFUSED && failure != ENOENT) break;
+      continue;
+    }
+    struct ucred peer;
+    socklen_t peer_len = sizeof peer;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.pid != harness_pid || getppid() != harness_pid) {
+      failure = ECONNREFUSED; /* a stranger's socket, or the harness is gone */
+      close(fd);
+      continue;
+    }
+    char tag[128];
+    int n = snprintf(tag, sizeof tag, "%s %d\n", token, stream);
+    if (write(fd, tag, (size_t)n) != n) {
+      int saved = errno == 0 ? EIO : errno;
+      close(fd);
+      errno = saved;
+      return -1;
+    }
+    return fd;
   }
-  if (connected < 0) {
-    int saved = errno;
-    close(fd);
-    errno = saved;
-    return -1;
-  }
-  char tag[128];
-  int n = snprintf(tag, sizeof tag, "%s %d\n", token, stream);
-  if (write(fd, tag, (size_t)n) != n) {
-    int saved = errno == 0 ? EIO : errno;
-    close(fd);
-    errno = saved;
-    return -1;
-  }
-  return fd;
+  errno = failure;
+  return -1;
 }
 
 /* In the child, after fork: never returns. Reports a failure's errno on err_fd. */
@@ -240,6 +260,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   socket_name = argv[1];
+  harness_pid = getppid();
   signal(SIGPIPE, SIG_IGN);
   sigset_t chld;
   sigemptyset(&chld);
