@@ -279,6 +279,9 @@ class NativeLauncher implements GateLauncher {
   /** A connection back from the launcher: "<token> <n>\n", then the stream itself. */
   private accept(socket: Socket): void {
     socket.on("error", () => undefined);
+    // Anyone on the host may connect to an abstract name: until its tag pairs it with a launch, a
+    // connection must not keep this process alive (an awaited launch does, through the launcher's stdout).
+    socket.unref();
     let head = Buffer.alloc(0);
     const onData = (chunk: Buffer): void => {
       head = Buffer.concat([head, chunk]);
@@ -311,6 +314,8 @@ class NativeLauncher implements GateLauncher {
     const [stdin, stdout, stderr] = p.conns;
     if (p.pid === null || p.exited === null || stdin == null || stdout == null || stderr == null) return;
     this.pending.delete(p.token);
+    // Paired: the gate's streams hold this process like a child's pipes do.
+    for (const c of [stdin, stdout, stderr]) c.ref();
     // As Node does for a child's stdin: once the process is gone, nothing more can be written to it.
     void p.exited.then(() => stdin.destroy());
     p.resolve({ ok: true, gate: { pid: p.pid, stdin, stdout, stderr, exited: p.exited } });

@@ -274,7 +274,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
       const launcher = Number(readFileSync("/proc/" + p.identity.pid + "/stat", "utf8").split(") ")[1].split(" ")[1]);
       const name = readFileSync("/proc/" + launcher + "/cmdline", "utf8").split("\\0")[1];
       const py = "import socket,sys,time\\nfor l in (110, len(sys.argv[1]) + 3):\\n  s = socket.socket(socket.AF_UNIX)\\n  a = ('\\\\0' + sys.argv[1]).encode().ljust(l - 2, b'\\\\0')\\n  try:\\n    s.connect(a); s.send(b'abc'); print('connected', flush=True); time.sleep(30); break\\n  except OSError: pass\\n";
-      const stranger = spawn("python3", ["-c", py, name], { stdio: ["ignore", "pipe", "inherit"], detached: true });
+      const stranger = spawn("python3", ["-c", py, name], { stdio: ["ignore", "pipe", "ignore"], detached: true });
       stranger.unref();
       await new Promise((resolve) => stranger.stdout.once("data", resolve));
       stranger.stdout.destroy();
