@@ -30,7 +30,7 @@ import { randomBytes } from "node:crypto";
 import { accessSync, constants as fsConstants } from "node:fs";
 import { createServer, type Server, type Socket } from "node:net";
 import { constants as osConstants } from "node:os";
-import { dirname, join } from "node:path";
+import { dirname, join, resolve as resolvePath } from "node:path";
 import { fileURLToPath } from "node:url";
 import { readProcStat } from "./procfs.js";
 
@@ -181,7 +181,9 @@ class NativeLauncher implements GateLauncher {
     }
     const token = randomBytes(16).toString("hex");
     const env = Object.entries(spec.env).map(([k, v]) => `${k}=${v}`);
-    const fields = [token, spec.cwd, String(spec.argv.length), ...spec.argv, String(env.length), ...env];
+    // The launcher's own directory is this process's when it was started, not now: a relative cwd is
+    // resolved here, against this process's current directory, as Node's spawn does.
+    const fields = [token, resolvePath(spec.cwd), String(spec.argv.length), ...spec.argv, String(env.length), ...env];
     const body = Buffer.from(`${fields.join("\0")}\0`, "utf8");
     if (body.length > MAX_FRAME) return { ok: false, error: errnoError(osConstants.errno.E2BIG, "spawn") };
     const frame = Buffer.allocUnsafe(4 + body.length);
