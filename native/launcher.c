@@ -16,8 +16,8 @@
  *      parent (SO_PEERCRED), because anyone may bind an abstract name (see connect_back);
  *   2. forks; the child starts a new session (setsid: its own process group, pgid = pid), resets
  *      every signal to its default and unblocks them all, puts the three connections on fds 0, 1
- *      and 2, changes to the cell's directory and execs /bin/sh with the gate script, its argv and
- *      the environment exactly as sent;
+ *      and 2 and closes every other fd, changes to the cell's directory and execs /bin/sh with the
+ *      gate script, its argv and the environment exactly as sent;
  *   3. answers "S <token> <pid>\n" once exec succeeded, or "E <token> <errno>\n" when any step failed
  *      (the exec's own errno comes back through a close-on-exec pipe, the usual way);
  *   4. reaps every child that exits and answers "X <pid> <wait status>\n".
@@ -44,7 +44,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/signalfd.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/un.h>
@@ -150,6 +152,25 @@ static int connect_back(const char *token, int stream) {
   return -1;
 }
 
+/* In the child, after fork: closes every fd from 3 up but `keep` (the error pipe, close-on-exec), so
+ * the cell gets its fds 0, 1 and 2 and nothing else: not even an fd the harness itself inherited
+ * without close-on-exec from whoever started it (Node's spawn would pass that on). */
+static void close_from_3(int keep) {
+#ifdef SYS_close_range
+  if ((keep <= 3 || syscall(SYS_close_range, 3u, (unsigned)keep - 1, 0u) == 0) && syscall(SYS_close_range, (unsigned)keep + 1, ~0u, 0u) == 0) return;
+#endif
+  /* Without close_range (Linux < 5.9): the open fds as listed by /proc (this process is single-threaded). */
+  DIR *dir = opendir("/proc/self/fd");
+  if (dir == NULL) return;
+  int own = dirfd(dir);
+  struct dirent *e;
+  while ((e = readdir(dir)) != NULL) {
+    int fd = atoi(e->d_name);
+    if (fd >= 3 && fd != keep && fd != own) close(fd);
+  }
+  closedir(dir);
+}
+
 /* In the child, after fork: never returns. Reports a failure's errno on err_fd. */
 static void become_gate(int fds[3], int err_fd, const char *cwd, char **argv, char **envp) {
   int e;
@@ -161,6 +182,7 @@ static void become_gate(int fds[3], int err_fd, const char *cwd, char **argv, ch
   /* fds[] are >= 3 (0, 1 and 2 are this program's own stdio), so dup2 never clobbers one of them. */
   for (int i = 0; i < 3; i++)
     if (dup2(fds[i], i) < 0) goto fail;
+  close_from_3(err_fd);
   if (chdir(cwd) < 0) goto fail;
   execve(argv[0], argv, envp);
 fail:
