@@ -18,8 +18,9 @@
  *      every signal to its default and unblocks them all, puts the three connections on fds 0, 1
  *      and 2 and closes every other fd, changes to the cell's directory and execs /bin/sh with the
  *      gate script, its argv and the environment exactly as sent;
- *   3. answers "S <token> <pid>\n" once exec succeeded, or "E <token> <errno>\n" when any step failed
- *      (the exec's own errno comes back through a close-on-exec pipe, the usual way);
+ *   3. answers "S <token> <pid>\n" once exec succeeded, or "E <token> <errno> <step>\n" when a step
+ *      failed (step: connect, fork, setsid, signals, dup2, chdir, exec or request; the child's own
+ *      errno and step come back through a close-on-exec pipe, the usual way);
  *   4. reaps every child that exits and answers "X <pid> <wait status>\n".
  * The gate itself is unchanged: it blocks reading "go" from its stdin, which the harness writes only
  * once `execution_started` is durable. This program never writes to a gate and never signals one:
@@ -80,6 +81,17 @@ static void answer(const char *buf, size_t len) {
 static void answerf(const char *fmt, const char *token, long value) {
   char line[160];
   int n = snprintf(line, sizeof line, fmt, token, value);
+  if (n > 0) answer(line, (size_t)n);
+}
+
+/* The steps a launch can fail at, as named in an E answer. */
+enum step { STEP_CONNECT, STEP_FORK, STEP_SETSID, STEP_SIGNALS, STEP_DUP2, STEP_CHDIR, STEP_EXEC, STEP_REQUEST };
+static const char *const step_names[] = {"connect", "fork", "setsid", "signals", "dup2", "chdir", "exec", "request"};
+
+static void answer_error(const char *token, int err, int step) {
+  char line[160];
+  const char *name = step >= 0 && step <= STEP_REQUEST ? step_names[step] : "unknown";
+  int n = snprintf(line, sizeof line, "E %s %d %s\n", token, err, name);
   if (n > 0) answer(line, (size_t)n);
 }
 
@@ -171,23 +183,28 @@ static void close_from_3(int keep) {
   closedir(dir);
 }
 
-/* In the child, after fork: never returns. Reports a failure's errno on err_fd. */
+/* In the child, after fork: never returns. Reports a failure's errno and step on err_fd. */
 static void become_gate(int fds[3], int err_fd, const char *cwd, char **argv, char **envp) {
-  int e;
+  int report[2];
+  report[1] = STEP_SETSID;
   if (setsid() < 0) goto fail;
+  report[1] = STEP_SIGNALS;
   sigset_t none;
   sigemptyset(&none);
   for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL); /* errors for SIGKILL/SIGSTOP are fine */
   if (sigprocmask(SIG_SETMASK, &none, NULL) < 0) goto fail;
+  report[1] = STEP_DUP2;
   /* fds[] are >= 3 (0, 1 and 2 are this program's own stdio), so dup2 never clobbers one of them. */
   for (int i = 0; i < 3; i++)
     if (dup2(fds[i], i) < 0) goto fail;
   close_from_3(err_fd);
+  report[1] = STEP_CHDIR;
   if (chdir(cwd) < 0) goto fail;
+  report[1] = STEP_EXEC;
   execve(argv[0], argv, envp);
 fail:
-  e = errno;
-  (void)!write(err_fd, &e, sizeof e);
+  report[0] = errno;
+  (void)!write(err_fd, report, sizeof report);
   _exit(127);
 }
 
@@ -232,10 +249,12 @@ static void launch(char *frame, uint32_t len) {
   int fds[3] = {-1, -1, -1};
   int err_pipe[2] = {-1, -1};
   int failure = 0;
+  int step = STEP_CONNECT;
   for (int i = 0; i < 3 && failure == 0; i++) {
     fds[i] = connect_back(token, i);
     if (fds[i] < 0) failure = errno;
   }
+  if (failure == 0) step = STEP_FORK;
   if (failure == 0 && pipe2(err_pipe, O_CLOEXEC) < 0) failure = errno;
   pid_t pid = -1;
   if (failure == 0) {
@@ -247,16 +266,17 @@ static void launch(char *frame, uint32_t len) {
     if (fds[i] >= 0) close(fds[i]); /* the gate holds them now; the harness must see them close */
   if (pid > 0) {
     close(err_pipe[1]);
-    int child_errno = 0;
+    int report[2] = {0, 0};
     ssize_t n;
-    do n = read(err_pipe[0], &child_errno, sizeof child_errno);
+    do n = read(err_pipe[0], report, sizeof report);
     while (n < 0 && errno == EINTR);
     close(err_pipe[0]);
-    if (n == (ssize_t)sizeof child_errno) {
+    if (n == (ssize_t)sizeof report) {
       /* The child failed before or at exec and is exiting: reap it here so no X line is sent. */
       while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
       }
-      failure = child_errno;
+      failure = report[0] != 0 ? report[0] : EIO;
+      step = report[1];
     }
   } else if (err_pipe[0] >= 0) {
     close(err_pipe[0]);
@@ -265,7 +285,7 @@ static void launch(char *frame, uint32_t len) {
   free(argv);
   free(envp);
   if (failure != 0)
-    answerf("E %s %ld\n", token, failure);
+    answer_error(token, failure, step);
   else
     answerf("S %s %ld\n", token, (long)pid);
   return;
@@ -273,7 +293,7 @@ malformed:
   free(argv);
   free(envp);
   fprintf(stderr, "cairn-launcher: malformed request (token %s)\n", token);
-  answerf("E %s %ld\n", token, EINVAL);
+  answer_error(token, EINVAL, STEP_REQUEST);
 }
 
 int main(int argc, char **argv) {

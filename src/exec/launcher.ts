@@ -69,6 +69,14 @@ export interface GateLauncher {
   start(spec: GateSpawn): Promise<GateStart>;
 }
 
+/** What failed, from the step an E answer names (native/launcher.c). */
+function failedStep(step: string | undefined, cwd: string): string {
+  if (step === "chdir") return `the working directory ${cwd} could not be entered`;
+  if (step === "connect") return "the cell launcher could not connect back to this process";
+  if (step === "exec" || step === undefined) return "spawn /bin/sh";
+  return `spawn /bin/sh (at ${step})`;
+}
+
 /** The launcher refuses a request larger than this (native/launcher.c's MAX_FRAME); so do we, first. */
 const MAX_FRAME = 32 * 1024 * 1024;
 /** How often a cell whose launcher died is checked for having ended. */
@@ -145,6 +153,8 @@ export const nodeLauncher: GateLauncher = {
 
 interface Pending {
   readonly token: string;
+  /** The cell's directory, as sent: named when entering it failed. */
+  readonly cwd: string;
   readonly conns: (Socket | null)[];
   pid: number | null;
   /** Listened for from the S answer on: the X line can come before the last connection does. */
@@ -183,7 +193,8 @@ class NativeLauncher implements GateLauncher {
     const env = Object.entries(spec.env).map(([k, v]) => `${k}=${v}`);
     // The launcher's own directory is this process's when it was started, not now: a relative cwd is
     // resolved here, against this process's current directory, as Node's spawn does.
-    const fields = [token, resolvePath(spec.cwd), String(spec.argv.length), ...spec.argv, String(env.length), ...env];
+    const cwd = resolvePath(spec.cwd);
+    const fields = [token, cwd, String(spec.argv.length), ...spec.argv, String(env.length), ...env];
     const body = Buffer.from(`${fields.join("\0")}\0`, "utf8");
     if (body.length > MAX_FRAME) return { ok: false, error: errnoError(osConstants.errno.E2BIG, "spawn") };
     const frame = Buffer.allocUnsafe(4 + body.length);
@@ -192,7 +203,7 @@ class NativeLauncher implements GateLauncher {
 
     const running = await this.ensureRunning();
     return new Promise<GateStart>((resolve) => {
-      this.pending.set(token, { token, conns: [null, null, null], pid: null, exited: null, resolve });
+      this.pending.set(token, { token, cwd, conns: [null, null, null], pid: null, exited: null, resolve });
       this.refresh();
       running.child.stdin?.write(frame);
     });
@@ -253,7 +264,7 @@ class NativeLauncher implements GateLauncher {
   }
 
   private answer(line: string): void {
-    const [kind, a, b] = line.split(" ");
+    const [kind, a, b, step] = line.split(" ");
     if (kind === "S" && a !== undefined) {
       const p = this.pending.get(a);
       const pid = Number(b);
@@ -266,7 +277,7 @@ class NativeLauncher implements GateLauncher {
       if (p === undefined) return;
       this.pending.delete(a);
       for (const c of p.conns) c?.destroy();
-      p.resolve({ ok: false, error: errnoError(Number(b), "spawn /bin/sh") });
+      p.resolve({ ok: false, error: errnoError(Number(b), failedStep(step, p.cwd)) });
       this.refresh();
     } else if (kind === "X" && a !== undefined) {
       const pid = Number(a);

@@ -457,7 +457,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
       },
     };
     const raced = await createExecutor({ launcher: racing }).prepare(spec(["true"], { cwd: gone }));
-    assert.match(unlaunchableDetail(raced), /could not be started: .*ENOENT/);
+    assert.match(unlaunchableDetail(raced), /could not be started: the working directory .*removed-cwd could not be entered: ENOENT/);
 
     // Still the same launcher, still exact.
     const last = spec(["echo", "still here"]);
