@@ -240,6 +240,41 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
     assert.deepEqual(zombieChildren(launcher), [], "the launcher left no zombie");
   });
 
+  test("a harness that stalls with 300 launches queued (more connections than the listen backlog) gets every one, exact", async () => {
+    const { launcher } = ownExecutor();
+    const warm = await launcher.start({ argv: ["/bin/sh", "-c", GATE, "cairn-gate", "true"], cwd: tmp.dir, env: {} });
+    assert.ok(warm.ok);
+    warm.gate.stdin.end("go\n");
+    await warm.gate.exited;
+    // Small frames, all written to the launcher's pipe at once (no I/O turn in between).
+    const pending = Array.from({ length: 300 }, (_, i) => launcher.start({ argv: ["/bin/sh", "-c", GATE, "cairn-gate", "/bin/echo", String(i)], cwd: tmp.dir, env: {} }));
+    for (let i = 0; i < 20; i++) await Promise.resolve();
+    // Then this process does not run for a while: the launcher fills the listen backlog (511) and blocks in connect().
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1500);
+    const started = await Promise.all(pending);
+    const gates = started.map((r, i) => {
+      if (!r.ok) assert.fail(`launch ${i}: ${r.error.message}`);
+      groups.push(r.gate.pid);
+      return r.gate;
+    });
+    assert.equal(new Set(gates.map((g) => g.pid)).size, 300);
+    const outputs = gates.map((g) => {
+      let text = "";
+      g.stdout.setEncoding("utf8");
+      g.stdout.on("data", (c: string) => (text += c));
+      g.stderr.resume();
+      g.stdout.resume();
+      return new Promise<string>((resolve) => g.stdout.once("close", () => resolve(text)));
+    });
+    for (const g of gates) g.stdin.end("go\n");
+    const exits = await Promise.all(gates.map((g) => g.exited));
+    const texts = await Promise.all(outputs);
+    exits.forEach((e, i) => {
+      assert.deepEqual(e, { code: 0, signal: null });
+      assert.equal(texts[i], `${i}\n`);
+    });
+  });
+
   test("strangers on the socket (garbage, an over-long line, a wrong token, a partial tag held open) are turned away and launches go on", async () => {
     const { ex } = ownExecutor();
     const first = gated(await ex.prepare(spec(["true"])));
