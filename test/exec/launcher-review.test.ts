@@ -142,6 +142,10 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
     const launches = (await Promise.all([0, 1, 2].map(() => ex.prepare(spec(["sleep", "30"]))))).map(gated);
     const launcher = launcherOf(launches[0]!.identity.pid);
     const launcherFds = fdsOf(launcher);
+    // Its control channel is a socket pair, which no other process can open through /proc/<pid>/fd (a
+    // pipe could be, by any process of the same user, to forge answers such as "X <pid> 0").
+    assert.match(launcherFds.get("0") ?? "", /^socket:/);
+    assert.match(launcherFds.get("1") ?? "", /^socket:/);
     // The gate before release: sh reading its stdin, nothing else of the launcher's.
     for (const g of launches) {
       const fds = fdsOf(g.identity.pid);
