@@ -393,6 +393,67 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
     assert.equal(existsSync(marker), false, `a stranger released a gate the harness never released (launcher answered ${JSON.stringify(answers)})`);
   });
 
+  test("a harness bound to the exact-length name (newer Node) is found past a squatter on the padded spelling, which gets no tag", async () => {
+    assert.ok(path !== null);
+    const name = `cairn-review-${randomBytes(6).toString("hex")}`;
+    // The squatter: this process, on the padded spelling the launcher tries first.
+    const squatted: { data: number; closed: boolean }[] = [];
+    const sockets: Socket[] = [];
+    const squatter = createServer((c) => {
+      sockets.push(c);
+      const seen = { data: 0, closed: false };
+      squatted.push(seen);
+      c.on("data", (d: Buffer) => (seen.data += d.length));
+      c.on("error", () => undefined);
+      c.on("close", () => (seen.closed = true));
+    });
+    await new Promise<void>((resolve) => squatter.listen(`\0${name}`, resolve));
+    try {
+      // The harness: a python3 process, the launcher's parent, bound to the exact-length spelling.
+      const py = [
+        "import json, os, socket, struct, subprocess, sys",
+        "launcher, name, cwd, gate = sys.argv[1:5]",
+        "s = socket.socket(socket.AF_UNIX); s.bind('\\0' + name); s.listen(16); s.settimeout(30)",
+        "p = subprocess.Popen([launcher, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE)",
+        "token = os.urandom(16).hex()",
+        "body = ('\\0'.join([token, cwd, '6', '/bin/sh', '-c', gate, 'cairn-gate', '/bin/echo', 'ok', '0']) + '\\0').encode()",
+        "p.stdin.write(struct.pack('<I', len(body)) + body); p.stdin.flush()",
+        "conns = {}",
+        "while len(conns) < 3:",
+        "  c, _ = s.accept(); c.settimeout(30); tag = b''",
+        "  while not tag.endswith(b'\\n'): tag += c.recv(1)",
+        "  t, n = tag.decode().split()",
+        "  assert t == token, tag",
+        "  conns[int(n)] = c",
+        "answer = p.stdout.readline().decode().strip()",
+        "conns[0].sendall(b'go\\n'); conns[0].shutdown(socket.SHUT_WR)",
+        "out = b''",
+        "while True:",
+        "  b = conns[1].recv(4096)",
+        "  if not b: break",
+        "  out += b",
+        "exit_line = p.stdout.readline().decode().strip()",
+        "p.stdin.close(); p.wait()",
+        "print(json.dumps({'answer': answer, 'out': out.decode(), 'exit': exit_line}))",
+      ].join("\n");
+      const r = await execa("python3", ["-c", py, path, name, tmp.dir, GATE], { reject: false, timeout: 40_000 });
+      assert.equal(r.exitCode, 0, r.stderr);
+      const got = JSON.parse(r.stdout) as { answer: string; out: string; exit: string };
+      assert.match(got.answer, /^S [0-9a-f]{32} \d+$/);
+      assert.equal(got.out, "ok\n");
+      assert.equal(got.exit, `X ${got.answer.split(" ")[2]} 0`);
+      await waitFor(() => squatted.length >= 3 && squatted.every((c) => c.closed), 20_000, "the squatter's connections to be closed");
+      assert.deepEqual(
+        squatted.map((c) => c.data),
+        [0, 0, 0],
+        "the squatter was sent nothing",
+      );
+    } finally {
+      squatter.close();
+      for (const c of sockets) c.destroy(); // a gate fed by the squatter (the bug) then reads end-of-file
+    }
+  });
+
   test("SIGSTOP of the launcher delays launches and exits but loses none; after SIGCONT every status is exact and no zombie is left", async () => {
     const { ex } = ownExecutor();
     const a = spec(["sh", "-c", "exit 3"]);
