@@ -12,13 +12,15 @@
  *   1. opens three Unix stream connections to the harness's abstract socket (given as argv[1]) and
  *      writes "<token> <n>\n" on each (n = 0, 1, 2: the gate's stdin, stdout, stderr): the harness
  *      pairs them with the launch by the token, a random 128-bit value that only it and this process
- *      know;
+ *      know; a connection counts only if the listening end is the harness itself, this process's
+ *      parent (SO_PEERCRED), because anyone may bind an abstract name (see connect_back);
  *   2. forks; the child starts a new session (setsid: its own process group, pgid = pid), resets
  *      every signal to its default and unblocks them all, puts the three connections on fds 0, 1
- *      and 2, changes to the cell's directory and execs /bin/sh with the gate script, its argv and
- *      the environment exactly as sent;
- *   3. answers "S <token> <pid>\n" once exec succeeded, or "E <token> <errno>\n" when any step failed
- *      (the exec's own errno comes back through a close-on-exec pipe, the usual way);
+ *      and 2 and closes every other fd, changes to the cell's directory and execs /bin/sh with the
+ *      gate script, its argv and the environment exactly as sent;
+ *   3. answers "S <token> <pid>\n" once exec succeeded, or "E <token> <errno> <step>\n" when a step
+ *      failed (step: connect, fork, setsid, signals, dup2, chdir, exec or request; the child's own
+ *      errno and step come back through a close-on-exec pipe, the usual way);
  *   4. reaps every child that exits and answers "X <pid> <wait status>\n".
  * The gate itself is unchanged: it blocks reading "go" from its stdin, which the harness writes only
  * once `execution_started` is durable. This program never writes to a gate and never signals one:
@@ -43,8 +45,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/signalfd.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -79,6 +84,17 @@ static void answerf(const char *fmt, const char *token, long value) {
   if (n > 0) answer(line, (size_t)n);
 }
 
+/* The steps a launch can fail at, as named in an E answer. */
+enum step { STEP_CONNECT, STEP_FORK, STEP_SETSID, STEP_SIGNALS, STEP_DUP2, STEP_CHDIR, STEP_EXEC, STEP_REQUEST };
+static const char *const step_names[] = {"connect", "fork", "setsid", "signals", "dup2", "chdir", "exec", "request"};
+
+static void answer_error(const char *token, int err, int step) {
+  char line[160];
+  const char *name = step >= 0 && step <= STEP_REQUEST ? step_names[step] : "unknown";
+  int n = snprintf(line, sizeof line, "E %s %d %s\n", token, err, name);
+  if (n > 0) answer(line, (size_t)n);
+}
+
 /* Reads exactly len bytes from stdin; returns 0 at end of input. */
 static int read_full(void *buf, size_t len) {
   char *p = buf;
@@ -95,10 +111,17 @@ static int read_full(void *buf, size_t len) {
   return 1;
 }
 
-/* Opens one connection to the harness and tags it; returns the fd or -1 with errno set. */
+/* The harness: the process that started this launcher, and the only one whose socket it connects to. */
+static pid_t harness_pid;
+
+/* Opens one connection to the harness and tags it; returns the fd or -1 with errno set.
+ *
+ * An abstract name has no owner and no permissions: any process on the host (any user) may bind the
+ * spelling of it the harness did not bind (padded or exact length), and then receive a gate's stdin
+ * and write "go" to it. So a connection counts only when the listening end is the harness itself
+ * (SO_PEERCRED gives the pid that called listen()) and the harness is still this process's parent
+ * (if it died, no one else may take its launches). Anything else is refused with ECONNREFUSED. */
 static int connect_back(const char *token, int stream) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
   struct sockaddr_un addr;
   memset(&addr, 0, sizeof addr);
   addr.sun_family = AF_UNIX;
@@ -107,45 +130,81 @@ static int connect_back(const char *token, int stream) {
   /* Node 20 binds an abstract name padded with NULs to the whole of sun_path; newer releases may bind
    * the exact length. Both are tried, padded first. */
   socklen_t lengths[2] = {(socklen_t)sizeof addr, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + name_len)};
-  int connected = -1;
-  for (int i = 0; i < 2 && connected < 0; i++) {
+  int failure = ECONNREFUSED;
+  for (int i = 0; i < 2; i++) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    int connected;
     while ((connected = connect(fd, (struct sockaddr *)&addr, lengths[i])) < 0 && errno == EINTR) {
     }
-    if (connected < 0 && errno != ECONNREFUSED && errno != ENOENT) break;
+    if (connected < 0) {
+      failure = errno;
+      close(fd);
+      if (failure != ECONNREFUSED && failure != ENOENT) break;
+      continue;
+    }
+    struct ucred peer;
+    socklen_t peer_len = sizeof peer;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.pid != harness_pid || getppid() != harness_pid) {
+      failure = ECONNREFUSED; /* a stranger's socket, or the harness is gone */
+      close(fd);
+      continue;
+    }
+    char tag[128];
+    int n = snprintf(tag, sizeof tag, "%s %d\n", token, stream);
+    if (write(fd, tag, (size_t)n) != n) {
+      int saved = errno == 0 ? EIO : errno;
+      close(fd);
+      errno = saved;
+      return -1;
+    }
+    return fd;
   }
-  if (connected < 0) {
-    int saved = errno;
-    close(fd);
-    errno = saved;
-    return -1;
-  }
-  char tag[128];
-  int n = snprintf(tag, sizeof tag, "%s %d\n", token, stream);
-  if (write(fd, tag, (size_t)n) != n) {
-    int saved = errno == 0 ? EIO : errno;
-    close(fd);
-    errno = saved;
-    return -1;
-  }
-  return fd;
+  errno = failure;
+  return -1;
 }
 
-/* In the child, after fork: never returns. Reports a failure's errno on err_fd. */
+/* In the child, after fork: closes every fd from 3 up but `keep` (the error pipe, close-on-exec), so
+ * the cell gets its fds 0, 1 and 2 and nothing else: not even an fd the harness itself inherited
+ * without close-on-exec from whoever started it (Node's spawn would pass that on). */
+static void close_from_3(int keep) {
+#ifdef SYS_close_range
+  if ((keep <= 3 || syscall(SYS_close_range, 3u, (unsigned)keep - 1, 0u) == 0) && syscall(SYS_close_range, (unsigned)keep + 1, ~0u, 0u) == 0) return;
+#endif
+  /* Without close_range (Linux < 5.9): the open fds as listed by /proc (this process is single-threaded). */
+  DIR *dir = opendir("/proc/self/fd");
+  if (dir == NULL) return;
+  int own = dirfd(dir);
+  struct dirent *e;
+  while ((e = readdir(dir)) != NULL) {
+    int fd = atoi(e->d_name);
+    if (fd >= 3 && fd != keep && fd != own) close(fd);
+  }
+  closedir(dir);
+}
+
+/* In the child, after fork: never returns. Reports a failure's errno and step on err_fd. */
 static void become_gate(int fds[3], int err_fd, const char *cwd, char **argv, char **envp) {
-  int e;
+  int report[2];
+  report[1] = STEP_SETSID;
   if (setsid() < 0) goto fail;
+  report[1] = STEP_SIGNALS;
   sigset_t none;
   sigemptyset(&none);
   for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL); /* errors for SIGKILL/SIGSTOP are fine */
   if (sigprocmask(SIG_SETMASK, &none, NULL) < 0) goto fail;
+  report[1] = STEP_DUP2;
   /* fds[] are >= 3 (0, 1 and 2 are this program's own stdio), so dup2 never clobbers one of them. */
   for (int i = 0; i < 3; i++)
     if (dup2(fds[i], i) < 0) goto fail;
+  close_from_3(err_fd);
+  report[1] = STEP_CHDIR;
   if (chdir(cwd) < 0) goto fail;
+  report[1] = STEP_EXEC;
   execve(argv[0], argv, envp);
 fail:
-  e = errno;
-  (void)!write(err_fd, &e, sizeof e);
+  report[0] = errno;
+  (void)!write(err_fd, report, sizeof report);
   _exit(127);
 }
 
@@ -190,10 +249,12 @@ static void launch(char *frame, uint32_t len) {
   int fds[3] = {-1, -1, -1};
   int err_pipe[2] = {-1, -1};
   int failure = 0;
+  int step = STEP_CONNECT;
   for (int i = 0; i < 3 && failure == 0; i++) {
     fds[i] = connect_back(token, i);
     if (fds[i] < 0) failure = errno;
   }
+  if (failure == 0) step = STEP_FORK;
   if (failure == 0 && pipe2(err_pipe, O_CLOEXEC) < 0) failure = errno;
   pid_t pid = -1;
   if (failure == 0) {
@@ -205,16 +266,17 @@ static void launch(char *frame, uint32_t len) {
     if (fds[i] >= 0) close(fds[i]); /* the gate holds them now; the harness must see them close */
   if (pid > 0) {
     close(err_pipe[1]);
-    int child_errno = 0;
+    int report[2] = {0, 0};
     ssize_t n;
-    do n = read(err_pipe[0], &child_errno, sizeof child_errno);
+    do n = read(err_pipe[0], report, sizeof report);
     while (n < 0 && errno == EINTR);
     close(err_pipe[0]);
-    if (n == (ssize_t)sizeof child_errno) {
+    if (n == (ssize_t)sizeof report) {
       /* The child failed before or at exec and is exiting: reap it here so no X line is sent. */
       while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
       }
-      failure = child_errno;
+      failure = report[0] != 0 ? report[0] : EIO;
+      step = report[1];
     }
   } else if (err_pipe[0] >= 0) {
     close(err_pipe[0]);
@@ -223,7 +285,7 @@ static void launch(char *frame, uint32_t len) {
   free(argv);
   free(envp);
   if (failure != 0)
-    answerf("E %s %ld\n", token, failure);
+    answer_error(token, failure, step);
   else
     answerf("S %s %ld\n", token, (long)pid);
   return;
@@ -231,7 +293,7 @@ malformed:
   free(argv);
   free(envp);
   fprintf(stderr, "cairn-launcher: malformed request (token %s)\n", token);
-  answerf("E %s %ld\n", token, EINVAL);
+  answer_error(token, EINVAL, STEP_REQUEST);
 }
 
 int main(int argc, char **argv) {
@@ -240,6 +302,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   socket_name = argv[1];
+  harness_pid = getppid();
   signal(SIGPIPE, SIG_IGN);
   sigset_t chld;
   sigemptyset(&chld);

@@ -30,7 +30,7 @@ import { randomBytes } from "node:crypto";
 import { accessSync, constants as fsConstants } from "node:fs";
 import { createServer, type Server, type Socket } from "node:net";
 import { constants as osConstants } from "node:os";
-import { dirname, join } from "node:path";
+import { dirname, join, resolve as resolvePath } from "node:path";
 import { fileURLToPath } from "node:url";
 import { readProcStat } from "./procfs.js";
 
@@ -67,6 +67,14 @@ export interface GateLauncher {
   /** "native" (the C launcher) or "node" (Node's spawn). */
   readonly kind: "native" | "node";
   start(spec: GateSpawn): Promise<GateStart>;
+}
+
+/** What failed, from the step an E answer names (native/launcher.c). */
+function failedStep(step: string | undefined, cwd: string): string {
+  if (step === "chdir") return `the working directory ${cwd} could not be entered`;
+  if (step === "connect") return "the cell launcher could not connect back to this process";
+  if (step === "exec" || step === undefined) return "spawn /bin/sh";
+  return `spawn /bin/sh (at ${step})`;
 }
 
 /** The launcher refuses a request larger than this (native/launcher.c's MAX_FRAME); so do we, first. */
@@ -145,6 +153,8 @@ export const nodeLauncher: GateLauncher = {
 
 interface Pending {
   readonly token: string;
+  /** The cell's directory, as sent: named when entering it failed. */
+  readonly cwd: string;
   readonly conns: (Socket | null)[];
   pid: number | null;
   /** Listened for from the S answer on: the X line can come before the last connection does. */
@@ -181,7 +191,10 @@ class NativeLauncher implements GateLauncher {
     }
     const token = randomBytes(16).toString("hex");
     const env = Object.entries(spec.env).map(([k, v]) => `${k}=${v}`);
-    const fields = [token, spec.cwd, String(spec.argv.length), ...spec.argv, String(env.length), ...env];
+    // The launcher's own directory is this process's when it was started, not now: a relative cwd is
+    // resolved here, against this process's current directory, as Node's spawn does.
+    const cwd = resolvePath(spec.cwd);
+    const fields = [token, cwd, String(spec.argv.length), ...spec.argv, String(env.length), ...env];
     const body = Buffer.from(`${fields.join("\0")}\0`, "utf8");
     if (body.length > MAX_FRAME) return { ok: false, error: errnoError(osConstants.errno.E2BIG, "spawn") };
     const frame = Buffer.allocUnsafe(4 + body.length);
@@ -190,7 +203,7 @@ class NativeLauncher implements GateLauncher {
 
     const running = await this.ensureRunning();
     return new Promise<GateStart>((resolve) => {
-      this.pending.set(token, { token, conns: [null, null, null], pid: null, exited: null, resolve });
+      this.pending.set(token, { token, cwd, conns: [null, null, null], pid: null, exited: null, resolve });
       this.refresh();
       running.child.stdin?.write(frame);
     });
@@ -251,7 +264,7 @@ class NativeLauncher implements GateLauncher {
   }
 
   private answer(line: string): void {
-    const [kind, a, b] = line.split(" ");
+    const [kind, a, b, step] = line.split(" ");
     if (kind === "S" && a !== undefined) {
       const p = this.pending.get(a);
       const pid = Number(b);
@@ -264,7 +277,7 @@ class NativeLauncher implements GateLauncher {
       if (p === undefined) return;
       this.pending.delete(a);
       for (const c of p.conns) c?.destroy();
-      p.resolve({ ok: false, error: errnoError(Number(b), "spawn /bin/sh") });
+      p.resolve({ ok: false, error: errnoError(Number(b), failedStep(step, p.cwd)) });
       this.refresh();
     } else if (kind === "X" && a !== undefined) {
       const pid = Number(a);
@@ -279,6 +292,9 @@ class NativeLauncher implements GateLauncher {
   /** A connection back from the launcher: "<token> <n>\n", then the stream itself. */
   private accept(socket: Socket): void {
     socket.on("error", () => undefined);
+    // Anyone on the host may connect to an abstract name: until its tag pairs it with a launch, a
+    // connection must not keep this process alive (an awaited launch does, through the launcher's stdout).
+    socket.unref();
     let head = Buffer.alloc(0);
     const onData = (chunk: Buffer): void => {
       head = Buffer.concat([head, chunk]);
@@ -311,6 +327,8 @@ class NativeLauncher implements GateLauncher {
     const [stdin, stdout, stderr] = p.conns;
     if (p.pid === null || p.exited === null || stdin == null || stdout == null || stderr == null) return;
     this.pending.delete(p.token);
+    // Paired: the gate's streams hold this process like a child's pipes do.
+    for (const c of [stdin, stdout, stderr]) c.ref();
     // As Node does for a child's stdin: once the process is gone, nothing more can be written to it.
     void p.exited.then(() => stdin.destroy());
     p.resolve({ ok: true, gate: { pid: p.pid, stdin, stdout, stderr, exited: p.exited } });
