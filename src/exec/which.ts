@@ -7,7 +7,10 @@ import { delimiter, isAbsolute, join, resolve } from "node:path";
 /** True when `path` is a regular file this process may execute. */
 export function isExecutableFile(path: string): boolean {
   try {
-    if (!statSync(path).isFile()) return false;
+    // No exception for the common miss (a PATH directory without the command): building one costs
+    // more than the stat itself, and a lookup misses in most directories before it hits.
+    const stat = statSync(path, { throwIfNoEntry: false });
+    if (stat === undefined || !stat.isFile()) return false;
     accessSync(path, constants.X_OK);
     return true;
   } catch (_err) {
