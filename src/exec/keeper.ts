@@ -80,6 +80,8 @@ export class CellKeeper {
   private child: ChildProcess | null = null;
   private beat: NodeJS.Timeout | null = null;
   private closed = false;
+  /** Drops not sent yet (see drop). */
+  private dropped = "";
 
   /**
    * @param remainingMs how long the owner's lease is still sure to be held (0: lost or released).
@@ -97,9 +99,14 @@ export class CellKeeper {
     this.send(`add ${pgid} ${startTime}`);
   }
 
-  /** `pgid` ended (or was stopped by the owner): forget it. */
+  /**
+   * `pgid` ended (or was stopped by the owner): forget it. Sent with the next line (an `add`, or the
+   * beat within KEEPER_BEAT_MS), not on its own: one write to the keeper fewer per cell. Until then
+   * the keeper may still kill the group at a deadline, which is harmless: it ended, and a recycled
+   * pid is never signalled (the leader's start time is checked).
+   */
   drop(pgid: number): void {
-    if (this.child !== null) this.send(`drop ${pgid}`);
+    if (this.child !== null) this.dropped += `drop ${pgid}\n`;
   }
 
   /**
@@ -144,6 +151,7 @@ export class CellKeeper {
 
   private send(line: string): void {
     const stdin = this.child?.stdin;
-    if (stdin && !stdin.destroyed && stdin.writable) stdin.write(`${line}\n`);
+    if (stdin && !stdin.destroyed && stdin.writable) stdin.write(`${this.dropped}${line}\n`);
+    this.dropped = "";
   }
 }
