@@ -8,7 +8,8 @@
  *   shape as a commit) plus a plain asynchronous spawn of `true` to its exit;
  * - for 1, 8 and 64 sessions in one process: ms per round (one session's wall time / its rounds),
  *   rounds/s in total, commits per round, harness CPU per round (process.cpuUsage(): this process
- *   only; etcd runs in its own processes), and the ratios to the floor;
+ *   only; etcd runs in its own processes; the cell launcher's forks are its own too), and the
+ *   ratios to the floor; after one unmeasured 20-round warm-up run per adapter;
  * - resume: Harness.open + resume() of databases of 10k, 100k and 1M events after a snapshot
  *   (sqlite; replicated with an empty data dir, the rebuild of the local copy included), beside the
  *   read + fold of the whole log without a snapshot; and etcd's database size after compaction and
@@ -150,12 +151,12 @@ async function floor(backend: Backend, sessions: number, rounds: number): Promis
 }
 
 /** `sessions` runs of `rounds` rounds each, in one Harness. */
-async function harnessRounds(backend: Backend, dir: string, sessions: number, rounds: number): Promise<RoundStats> {
+async function harnessRounds(backend: Backend, dir: string, sessions: number, rounds: number, tag = String(sessions)): Promise<RoundStats> {
   let commits = 0;
-  const storage = tagBatches(backend.storage(join(dir, `data-${sessions}`)), () => commits++);
+  const storage = tagBatches(backend.storage(join(dir, `data-${tag}`)), () => commits++);
   const cwd = join(dir, "cwd");
   mkdirSync(cwd, { recursive: true });
-  const h = await Harness.open({ storage, name: `rounds-${sessions}`, model: new LoopModel(rounds), workDir: join(dir, "work") });
+  const h = await Harness.open({ storage, name: `rounds-${tag}`, model: new LoopModel(rounds), workDir: join(dir, "work") });
   try {
     const cpu0 = process.cpuUsage();
     const t0 = performance.now();
@@ -176,6 +177,11 @@ const fmt = (x: number, d = 2) => (Number.isFinite(x) ? x.toFixed(d) : "-");
 
 async function roundsSection(backend: Backend, dir: string, rounds: number, sessionCounts: readonly number[]): Promise<void> {
   console.log(`\n${backend.name}: ${rounds} rounds per session, one \`true\` cell per round; floor = 3 raw durable commits + spawn of \`true\``);
+  // One unmeasured 20-round run first: the process's cell launcher is started and the code compiled
+  // once, as in a long-lived owner. Without it the first row also pays those (about 2 ms of CPU per
+  // round of a 100-round run on this machine).
+  await harnessRounds(backend, dir, 1, 20, "warmup");
+  console.log("(after an unmeasured 20-round warm-up run: the cell launcher started, the code compiled)");
   console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  harness CPU ms/round");
   for (const sessions of sessionCounts) {
     const f = await floor(backend, sessions, sessions >= 64 ? Math.max(10, Math.floor(rounds / 4)) : rounds);
