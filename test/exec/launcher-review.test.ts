@@ -152,7 +152,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
       for (const fd of fds.keys()) assert.ok(["0", "1", "2"].includes(fd) || Number(fd) >= 10, `gate fd ${fd} -> ${fds.get(fd)} (the shell's own are 10 and up)`);
     }
     for (const g of launches) g.release();
-    await waitFor(() => launches.every((g) => comm(g.identity.pid) === "sleep"), 20_000, "the cells to exec sleep");
+    await waitFor(() => launches.every((g) => comm(g.identity.pid) === "sleep"), 120_000, "the cells to exec sleep");
     const seen = new Set<string>();
     for (const g of launches) {
       const pid = g.identity.pid;
@@ -197,7 +197,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
     // fds 40 and 300 of the harness are left open across exec by the process that starts it (the way a
     // supervisor may leak them; Node marks only its low fds close-on-exec).
     const leak = "import os, sys\nfd = os.open('/dev/null', os.O_RDONLY)\nos.dup2(fd, 40); os.dup2(fd, 300)\nos.execv(sys.argv[1], sys.argv[1:])";
-    const r = await execa("python3", ["-c", leak, process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { reject: false, timeout: 30_000 });
+    const r = await execa("python3", ["-c", leak, process.execPath, "--import", "tsx", "--input-type=module", "-e", script], { reject: false, timeout: 180_000 });
     assert.equal(r.exitCode, 0, r.stderr);
     assert.equal(JSON.parse(r.stdout), "checked\n");
   });
@@ -292,7 +292,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
         setTimeout(() => {
           s.destroy();
           resolve(false);
-        }, 10_000);
+        }, 60_000);
       });
     assert.ok(await closedAfter("x".repeat(300)), "over-long line without a newline");
     assert.ok(await closedAfter(`${randomBytes(16).toString("hex")} 0\n`), "unknown token");
@@ -337,7 +337,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
       p.release();
       await p.done;
     `;
-    const r = await execa(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { reject: false, timeout: 25_000 });
+    const r = await execa(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { reject: false, timeout: 180_000 });
     const strangerPid = Number(r.stdout.trim());
     if (Number.isInteger(strangerPid) && strangerPid > 0) killGroupQuietly(strangerPid);
     assert.equal(r.timedOut, false, "the harness process did not exit by itself while a stranger held a connection");
@@ -388,7 +388,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
     if (started !== null) {
       const pid = Number(started[1]);
       groups.push(pid);
-      await waitFor(() => !isAlive(pid), 20_000, "the gate to end");
+      await waitFor(() => !isAlive(pid), 120_000, "the gate to end");
     }
     assert.equal(existsSync(marker), false, `a stranger released a gate the harness never released (launcher answered ${JSON.stringify(answers)})`);
   });
@@ -436,13 +436,13 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
         "p.stdin.close(); p.wait()",
         "print(json.dumps({'answer': answer, 'out': out.decode(), 'exit': exit_line}))",
       ].join("\n");
-      const r = await execa("python3", ["-c", py, path, name, tmp.dir, GATE], { reject: false, timeout: 40_000 });
+      const r = await execa("python3", ["-c", py, path, name, tmp.dir, GATE], { reject: false, timeout: 180_000 });
       assert.equal(r.exitCode, 0, r.stderr);
       const got = JSON.parse(r.stdout) as { answer: string; out: string; exit: string };
       assert.match(got.answer, /^S [0-9a-f]{32} \d+$/);
       assert.equal(got.out, "ok\n");
       assert.equal(got.exit, `X ${got.answer.split(" ")[2]} 0`);
-      await waitFor(() => squatted.length >= 3 && squatted.every((c) => c.closed), 20_000, "the squatter's connections to be closed");
+      await waitFor(() => squatted.length >= 3 && squatted.every((c) => c.closed), 120_000, "the squatter's connections to be closed");
       assert.deepEqual(
         squatted.map((c) => c.data),
         [0, 0, 0],
@@ -464,7 +464,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
     try {
       ga.release();
       // The cell ends while its launcher is stopped: it stays a zombie until reaped.
-      await waitFor(() => readProcStat(ga.identity.pid)?.state === "Z", 20_000, "the cell to end");
+      await waitFor(() => readProcStat(ga.identity.pid)?.state === "Z", 120_000, "the cell to end");
       const pb = ex.prepare(spec(["sh", "-c", "exit 4"]));
       let bSettled = false;
       void pb.then(() => (bSettled = true));
@@ -498,7 +498,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
     for (const r of results) if (r.kind === "unlaunchable") assert.match(r.outcome.detail ?? "", /could not be started: .*cell launcher died/);
     // Abort every gated one (never released) and wait until no gate of this burst is left anywhere.
     await Promise.all([first, ...gatedOnes].map((g) => g.abort()));
-    await waitFor(() => processesWith(dir).length === 0, 30_000, "every gate of the burst to end");
+    await waitFor(() => processesWith(dir).length === 0, 120_000, "every gate of the burst to end");
     assert.deepEqual(readdirSync(dir), [], "no cell ran without being released");
     for (const g of [first, ...gatedOnes]) {
       const o = await g.done;

@@ -92,7 +92,7 @@ describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node'
       setTimeout(() => {
         s.destroy();
         resolve(false);
-      }, 5000);
+      }, 60_000);
     });
     assert.ok(closed, "the stranger's connection was closed");
     g.release();
@@ -136,7 +136,7 @@ describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node'
     const g = gated(await ex.prepare(s));
     const launcherPid = readProcStat(g.identity.pid)?.ppid ?? 0;
     process.kill(launcherPid, "SIGKILL");
-    await waitFor(() => !isAlive(launcherPid), 5000, "the launcher to die");
+    await waitFor(() => !isAlive(launcherPid), 120_000, "the launcher to die");
     g.release();
     const outcome = await g.done;
     assert.equal(s.out.text("stdout"), "released after the launcher died\n");
@@ -163,10 +163,10 @@ describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node'
     assert.equal(r.signal, "SIGKILL", r.stderr);
     const ids = JSON.parse(r.stdout) as { held: { pid: number; pgid: number }; free: { pid: number; pgid: number }; launcher: number };
     groups.push(ids.held.pgid, ids.free.pgid);
-    await waitFor(() => !isAlive(ids.launcher), 10_000, "the launcher to exit");
-    await waitFor(() => !isAlive(ids.held.pid), 10_000, "the unreleased gate to exit");
+    await waitFor(() => !isAlive(ids.launcher), 120_000, "the launcher to exit");
+    await waitFor(() => !isAlive(ids.held.pid), 120_000, "the unreleased gate to exit");
     assert.equal(existsSync(marker), false, "the unreleased cell never ran");
-    await waitFor(() => existsSync(ran), 10_000, "the released cell to finish on its own");
+    await waitFor(() => existsSync(ran), 120_000, "the released cell to finish on its own");
   });
 
   test("a process whose cells have ended exits on its own: the launcher does not hold its event loop", async () => {
@@ -180,7 +180,7 @@ describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node'
       const o = await p.done;
       console.log(o.result);
     `;
-    const r = await execa(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { reject: false, timeout: 20_000 });
+    const r = await execa(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { reject: false, timeout: 180_000 });
     assert.equal(r.timedOut, false, "the process did not exit by itself");
     assert.equal(r.exitCode, 0, r.stderr);
     assert.equal(r.stdout, "hi\nsuccess");
