@@ -129,7 +129,8 @@ function unlaunchable(detail: string): Prepared {
   };
 }
 
-function gateArgv(argv: readonly string[]): string[] {
+/** The argv that starts the gate for a cell's argv (what a launcher is asked to run). */
+export function gateArgv(argv: readonly string[]): string[] {
   return ["/bin/sh", "-c", GATE_SCRIPT, "cairn-gate", ...argv];
 }
 

@@ -1,7 +1,7 @@
 /**
  * Shared helpers for the executor tests: a temp dir, an output collector and a liveness check.
  */
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { LaunchSpec } from "../../src/exec/executor.js";
@@ -63,5 +63,14 @@ export async function waitFor(predicate: () => boolean, ms = 10_000, what = "con
   while (!predicate()) {
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** A process's command name (/proc/PID/comm), or null when it is gone. */
+export function comm(pid: number): string | null {
+  try {
+    return readFileSync(`/proc/${pid}/comm`, "utf8").trim();
+  } catch (_err) {
+    return null;
   }
 }

@@ -15,10 +15,10 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync 
 import { connect, createServer, type Socket } from "node:net";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
-import { createExecutor, type Executor, type GatedLaunch, type LaunchSpec, type Prepared } from "../../src/exec/executor.js";
+import { createExecutor, gateArgv, type Executor, type GatedLaunch, type LaunchSpec, type Prepared } from "../../src/exec/executor.js";
 import { createNativeLauncher, type GateLauncher, nativeLauncherPath } from "../../src/exec/launcher.js";
 import { readProcStat } from "../../src/exec/procfs.js";
-import { collector, isAlive, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
+import { collector, comm, isAlive, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
 
 const tmp = tempDir("cairn-launcher-review-");
 const groups: number[] = [];
@@ -37,7 +37,6 @@ after(() => {
 
 const forcedNode = process.env["CAIRN_LAUNCHER"] === "node";
 const path = nativeLauncherPath();
-const GATE = 'IFS= read -r go; [ "$go" = go ] || exit 125; exec "$@" </dev/null';
 
 let nextCell = 1;
 function spec(argv: string[], extra: Partial<LaunchSpec> = {}): LaunchSpec & { out: ReturnType<typeof collector> } {
@@ -74,13 +73,6 @@ function launcherOf(pid: number): number {
   return ppid;
 }
 
-function comm(pid: number): string {
-  try {
-    return readFileSync(`/proc/${pid}/comm`, "utf8").trim();
-  } catch (_err) {
-    return "";
-  }
-}
 
 /** fd number -> what it points at, for a live process. */
 function fdsOf(pid: number): Map<string, string> {
@@ -246,12 +238,12 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
 
   test("a harness that stalls with 300 launches queued (more connections than the listen backlog) gets every one, exact", async () => {
     const { launcher } = ownExecutor();
-    const warm = await launcher.start({ argv: ["/bin/sh", "-c", GATE, "cairn-gate", "true"], cwd: tmp.dir, env: {} });
+    const warm = await launcher.start({ argv: gateArgv(["true"]), cwd: tmp.dir, env: {} });
     assert.ok(warm.ok);
     warm.gate.stdin.end("go\n");
     await warm.gate.exited;
     // Small frames, all written to the launcher's pipe at once (no I/O turn in between).
-    const pending = Array.from({ length: 300 }, (_, i) => launcher.start({ argv: ["/bin/sh", "-c", GATE, "cairn-gate", "/bin/echo", String(i)], cwd: tmp.dir, env: {} }));
+    const pending = Array.from({ length: 300 }, (_, i) => launcher.start({ argv: gateArgv(["/bin/echo", String(i)]), cwd: tmp.dir, env: {} }));
     for (let i = 0; i < 20; i++) await Promise.resolve();
     // Then this process does not run for a while: the launcher fills the listen backlog (511) and blocks in connect().
     Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1500);
@@ -379,7 +371,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
     assert.ok(launcher.pid !== undefined);
     process.kill(launcher.pid, "SIGSTOP");
     const token = randomBytes(16).toString("hex");
-    launcher.stdin?.write(frame(token, tmp.dir, ["/bin/sh", "-c", GATE, "cairn-gate", "touch", marker], [`PATH=${process.env["PATH"] ?? "/usr/bin:/bin"}`]));
+    launcher.stdin?.write(frame(token, tmp.dir, gateArgv(["touch", marker]), [`PATH=${process.env["PATH"] ?? "/usr/bin:/bin"}`]));
     await new Promise<void>((resolve) => harness.close(() => resolve()));
     launcher.stdin?.end();
     process.kill(launcher.pid, "SIGCONT");
@@ -436,7 +428,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
         "p.stdin.close(); p.wait()",
         "print(json.dumps({'answer': answer, 'out': out.decode(), 'exit': exit_line}))",
       ].join("\n");
-      const r = await execa("python3", ["-c", py, path, name, tmp.dir, GATE], { reject: false, timeout: 180_000 });
+      const r = await execa("python3", ["-c", py, path, name, tmp.dir, gateArgv([])[2]!], { reject: false, timeout: 180_000 });
       assert.equal(r.exitCode, 0, r.stderr);
       const got = JSON.parse(r.stdout) as { answer: string; out: string; exit: string };
       assert.match(got.answer, /^S [0-9a-f]{32} \d+$/);

@@ -13,7 +13,7 @@ import { after, describe, test } from "node:test";
 import { createExecutor, type GatedLaunch, type LaunchSpec, type Prepared } from "../../src/exec/executor.js";
 import { createNativeLauncher, decodeWaitStatus, gateLauncher, nativeLauncherPath } from "../../src/exec/launcher.js";
 import { liveGroupMembers, readProcStat } from "../../src/exec/procfs.js";
-import { collector, isAlive, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
+import { collector, comm, isAlive, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
 
 const tmp = tempDir("cairn-launcher-");
 const groups: number[] = [];
@@ -37,13 +37,6 @@ function gated(p: Prepared): GatedLaunch {
   return p;
 }
 
-function comm(pid: number): string | null {
-  try {
-    return readFileSync(`/proc/${pid}/comm`, "utf8").trim();
-  } catch (_err) {
-    return null;
-  }
-}
 
 describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's spawn was asked for" : false }, () => {
   test("this checkout built it, and it is the launcher this process uses", () => {
