@@ -49,7 +49,7 @@ export async function clusterCommand(argv: readonly string[], io: Io): Promise<n
       const zones = str(p, "zones")?.split(",").map((z) => z.trim()).filter((z) => z !== "");
       if (zones !== undefined && zones.length !== 3) throw new UsageError(`cairn cluster up: --zones takes three names, one per member, got ${zones.length}.`);
       const state = await dev.clusterUp({ dir, ...(zones ? { zones } : {}), auth: flag(p, "auth") });
-      if (flag(p, "json")) io.out(JSON.stringify({ endpoints: state.endpoints, members: state.members.map((m) => ({ name: m.name, clientUrl: m.clientUrl, pid: m.pid })) }));
+      if (flag(p, "json")) io.out(JSON.stringify({ endpoints: state.endpoints, members: state.members.map((m) => ({ name: m.name, clientUrl: m.clientUrl, peerUrl: m.peerUrl, pid: m.pid })) }));
       else {
         for (const m of state.members) io.out(`member ${m.name} (zone ${m.name}): ${m.clientUrl}, pid ${m.pid}`);
         io.out(`export CAIRN_ETCD_ENDPOINTS=${state.endpoints.join(",")}`);

@@ -2,8 +2,9 @@
  * A real three-member etcd cluster on 127.0.0.1 for development, tests and benchmarks.
  *
  * Each member is an `etcd` child process named after its zone, with its own data directory under
- * `dir`, on free ports (found by binding port 0). Nothing is faked: members fsync, elect a leader and
- * lose quorum like production members do; only the zones are pretend (one machine).
+ * `dir`, on free ports (picked below the kernel's ephemeral range; see `freePorts`). Nothing is
+ * faked: members fsync, elect a leader and lose quorum like production members do; only the zones
+ * are pretend (one machine).
  *
  * Two ways to use it:
  * - `startDevCluster(...)` (tests, benchmarks): the members are children of this process; call
@@ -118,24 +119,59 @@ interface MemberPlan {
   logFile: string;
 }
 
-/** Finds `count` distinct free TCP ports on 127.0.0.1 by binding port 0. */
-async function freePorts(count: number): Promise<number[]> {
-  const servers = await Promise.all(
-    Array.from({ length: count }, () =>
-      new Promise<import("node:net").Server>((resolve, reject) => {
-        const server = createServer();
-        server.once("error", reject);
-        server.listen(0, "127.0.0.1", () => resolve(server));
-      }),
-    ),
-  );
-  const ports = servers.map((s) => {
-    const address = s.address();
-    if (address === null || typeof address === "string") throw new Error("no port");
-    return address.port;
+/** True when `port` on 127.0.0.1 can be listened on now. */
+function canListen(port: number): Promise<boolean> {
+  return new Promise<boolean>((resolve) => {
+    const server = createServer();
+    server.once("error", () => resolve(false));
+    server.listen(port, "127.0.0.1", () => server.close(() => resolve(true)));
   });
-  await Promise.all(servers.map((s) => new Promise<void>((resolve) => s.close(() => resolve()))));
-  return ports;
+}
+
+/** The kernel's ephemeral port range (`net.ipv4.ip_local_port_range`), or Linux's default when unreadable. */
+export function ephemeralPortRange(): [number, number] {
+  try {
+    const [low, high] = readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/).map(Number);
+    if (Number.isInteger(low) && Number.isInteger(high) && low! > 0 && high! >= low!) return [low!, high!];
+  } catch {
+    // not Linux, or no /proc: assume the default range
+  }
+  return [32768, 60999];
+}
+
+/** The lowest port a dev cluster picks from: above the well-known and most registered service ports. */
+const DEV_PORT_FLOOR = 12_000;
+
+/**
+ * Finds `count` distinct free TCP ports on 127.0.0.1 for dev-cluster members.
+ *
+ * They are picked at random *below* the kernel's ephemeral range, and checked by listening on them.
+ * A port from the ephemeral range (binding port 0) may be taken, between `cluster down` and `cluster
+ * up`, as the source port of any outgoing connection on the machine; the recorded member could then
+ * not start again. Ports below the range are never handed out by the kernel, so only another
+ * listener can take them. When the range leaves too little room below it, ports come from binding 0.
+ */
+async function freePorts(count: number): Promise<number[]> {
+  const [low] = ephemeralPortRange();
+  const ports = new Set<number>();
+  if (low - DEV_PORT_FLOOR >= 1000) {
+    for (let tries = 0; ports.size < count && tries < 200; tries++) {
+      const port = DEV_PORT_FLOOR + Math.floor(Math.random() * (low - DEV_PORT_FLOOR));
+      if (!ports.has(port) && (await canListen(port))) ports.add(port);
+    }
+  }
+  while (ports.size < count) {
+    const server = createServer();
+    const port = await new Promise<number>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(0, "127.0.0.1", () => {
+        const address = server.address();
+        server.close(() => (address === null || typeof address === "string" ? reject(new Error("no port")) : resolve(address.port)));
+      });
+    });
+    ports.add(port);
+  }
+  return [...ports];
 }
 
 function clientUrl(port: number, tls: DevClusterTls | undefined): string {
@@ -492,13 +528,17 @@ async function restartRecorded(binary: string, options: DevClusterOptions, exist
   return state;
 }
 
+/**
+ * Checks that each recorded port can be listened on again. A port that is taken is retried for up to
+ * 3 s (a connection that briefly held it as its source port ends), then it is a ConfigError.
+ */
 async function checkPortsFree(ports: readonly number[], dir: string): Promise<void> {
   for (const port of ports) {
-    const server = createServer();
-    const free = await new Promise<boolean>((resolve) => {
-      server.once("error", () => resolve(false));
-      server.listen(port, "127.0.0.1", () => server.close(() => resolve(true)));
-    });
+    let free = await canListen(port);
+    for (let i = 0; !free && i < 20; i++) {
+      await sleep(150);
+      free = await canListen(port);
+    }
     if (!free) throw new ConfigError(`port ${port} recorded for the dev cluster in ${dir} is taken by another process; stop it, or remove ${dir} to start a new cluster`);
   }
 }

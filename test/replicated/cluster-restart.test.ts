@@ -6,9 +6,19 @@
 import { after, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import { Etcd3 } from "etcd3";
+import { createServer, type Server } from "node:net";
 import { main, type Io } from "../../src/cli/main.js";
+import { ephemeralPortRange } from "../../storage-adapters/replicated/devcluster.js";
 import { tempDir } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
+
+function hold(port: number): Promise<Server> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(port, "127.0.0.1", () => resolve(server));
+  });
+}
 
 function io(): Io & { text: () => string } {
   const lines: string[] = [];
@@ -25,7 +35,12 @@ describe("cairn cluster down, up, stop, start on one directory", () => {
   it("comes back with the same members and data, and one member can be stopped and started", async () => {
     const up = io();
     assert.equal(await main(["cluster", "up", "--dir", dirs.dir, "--json"], up), 0, up.text());
-    const first = JSON.parse(up.text()) as { endpoints: string[]; members: { name: string; clientUrl: string }[] };
+    const first = JSON.parse(up.text()) as { endpoints: string[]; members: { name: string; clientUrl: string; peerUrl: string }[] };
+    // Below the ephemeral range: no outgoing connection can take a member's port between down and up.
+    const [low] = ephemeralPortRange();
+    for (const m of first.members) {
+      for (const url of [m.clientUrl, m.peerUrl]) assert.ok(Number(new URL(url).port) < low, `${url} is below the ephemeral range (${low})`);
+    }
     const client = new Etcd3({ hosts: first.endpoints });
     try {
       await client.put("cairn/drill").value("kept");
@@ -36,6 +51,21 @@ describe("cairn cluster down, up, stop, start on one directory", () => {
     const down = io();
     assert.equal(await main(["cluster", "status", "--dir", dirs.dir], down), 4, "quorum lost while down");
 
+    // A recorded port held by another process: refused with a sentence that names it, nothing started.
+    const port = Number(new URL(first.members[1]!.clientUrl).port);
+    const squatter = await hold(port);
+    const refused = io();
+    try {
+      assert.equal(await main(["cluster", "up", "--dir", dirs.dir], refused), 2, refused.text());
+    } finally {
+      await new Promise<void>((r) => squatter.close(() => r()));
+    }
+    assert.match(refused.text(), new RegExp(`port ${port} recorded for the dev cluster in .* is taken by another process`));
+    assert.equal(await main(["cluster", "status", "--dir", dirs.dir], io()), 4, "nothing was started");
+
+    // A port held only briefly (a connection's source port, say) is waited for.
+    const brief = await hold(port);
+    setTimeout(() => brief.close(), 700);
     const again = io();
     assert.equal(await main(["cluster", "up", "--dir", dirs.dir, "--json"], again), 0, again.text());
     const second = JSON.parse(again.text()) as { endpoints: string[]; members: { name: string; clientUrl: string }[] };
