@@ -16,6 +16,9 @@ export function passThrough(db: Database, over: Partial<Pick<Database, "commit" 
     get epoch() {
       return db.epoch;
     },
+    get groupsCommits() {
+      return db.groupsCommits;
+    },
     read: (afterSeq, limit) => db.read(afterSeq, limit),
     commit: over.commit ?? ((events) => db.commit(events)),
     head: () => db.head(),

@@ -12,11 +12,10 @@
 import { mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { performance } from "node:perf_hooks";
 import pino, { type Logger } from "pino";
 import type { Admission } from "../state/admission.js";
 import type { LogEvent, NewEvent } from "../state/events.js";
-import { sessionCreated, withOwnerClaims } from "../state/outcomes.js";
+import { sessionCreated } from "../state/outcomes.js";
 import type { SessionProjection } from "../state/projection.js";
 import { Reducer } from "../state/reducer.js";
 import type { Database, DatabaseSignal, DatabaseStats, Storage } from "../storage/contract.js";
@@ -40,7 +39,7 @@ import { TimerHousekeeping } from "./timers.js";
 import { defaultWorld, type HarnessWorld } from "./world.js";
 import type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
 import { Listeners, runOutcome } from "./listeners.js";
-import { foldCommitted } from "./fold.js";
+import { Committer } from "./committer.js";
 import { commitFailure, settleWithin, STOP_MESSAGES, type StopReason } from "./stop.js";
 
 export type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
@@ -49,7 +48,7 @@ export class Harness {
   private reducer = new Reducer();
   private readonly snapshotter: Snapshotter;
   private readonly drivers: SessionDrivers;
-  private chain: Promise<unknown> = Promise.resolve();
+  private readonly committer: Committer;
   private statusValue: HarnessStatus = "open";
   private stopError: CairnError | null = null;
   private unwatch: (() => void) | null = null;
@@ -74,6 +73,18 @@ export class Harness {
     this.logger = parts.logger;
     this.metrics = parts.metrics;
     this.snapshotter = new Snapshotter(db, parts.logger, snapshots);
+    this.committer = new Committer({
+      db,
+      reducer: () => this.reducer,
+      assertOpen: () => this.assertOpen(),
+      owner: () => ({ epoch: db.epoch, host: this.core.world.host, boot_id: this.core.world.bootId, pid: process.pid }),
+      committed: (logged, seconds) => {
+        if (seconds !== null) this.metrics?.commit(this.storage.adapter, "ok", seconds, logged.length);
+        this.snapshotter.afterCommit(logged, this.reducer.projection());
+        this.afterCommit(logged);
+      },
+      failed: (err, seconds, n) => this.onCommitError(err, seconds, n),
+    });
     mkdirSync(parts.scriptDir, { recursive: true, mode: 0o700 });
     this.core = createCore(
       { name, ...parts },
@@ -249,7 +260,7 @@ export class Harness {
     if (wasOpen) this.listeners.stopped(this.statusValue, this.stopError);
     // Already stopped (fenced, poisoned, lease lost while cut off): a write in flight may wait for a
     // quorum this process cannot reach, so close waits for it only a moment.
-    await settleWithin(Promise.all([this.chain.catch(() => undefined), this.snapshotter.settled()]), wasOpen ? Infinity : 250);
+    await settleWithin(Promise.all([this.committer.settled(), this.snapshotter.settled()]), wasOpen ? Infinity : 250);
     await this.db.close().catch(() => undefined);
   }
 
@@ -262,28 +273,9 @@ export class Harness {
     return this.stopError ?? new CairnError("internal", `the harness for "${this.name}" was closed${when}`);
   }
 
-  /** The one commit path: serialized, folded, followed. */
+  /** The one commit path (committer.ts): folded in log order, followed. */
   private commit(caller: readonly NewEvent[]): Promise<readonly LogEvent[]> {
-    const run = async (): Promise<readonly LogEvent[]> => {
-      this.assertOpen();
-      const t0 = performance.now();
-      const w = this.core.world;
-      const events = withOwnerClaims(caller, (id) => this.reducer.folded(id), { epoch: this.db.epoch, host: w.host, boot_id: w.bootId, pid: process.pid });
-      try {
-        const receipt = await this.db.commit(events);
-        this.metrics?.commit(this.storage.adapter, "ok", (performance.now() - t0) / 1000, events.length);
-        const logged = await foldCommitted(this.db, this.reducer, events, receipt);
-        this.snapshotter.afterCommit(logged, this.reducer.projection());
-        this.afterCommit(logged);
-        return events === caller ? logged : logged.filter((e) => e.kind !== "owner_claimed");
-      } catch (err) {
-        this.onCommitError(err, (performance.now() - t0) / 1000, events.length);
-        throw err;
-      }
-    };
-    const p = this.chain.then(run, run);
-    this.chain = p.catch(() => undefined);
-    return p;
+    return this.committer.commit(caller);
   }
 
   private afterCommit(logged: readonly LogEvent[]): void {

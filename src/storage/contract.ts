@@ -114,6 +114,16 @@ export interface Database {
   readonly epoch: number;
 
   /**
+   * True when concurrent `commit()` calls are grouped into one durable write (the replicated
+   * adapter: one etcd transaction for the batches queued while the last one was in flight). A
+   * caller may then send several batches without waiting for each. Each batch still succeeds or
+   * fails alone, and seqs follow the call order, except that a batch held back behind one with the
+   * same identity may land after later ones. Absent or false: send one batch at a time, as nothing
+   * is gained by sending more.
+   */
+  readonly groupsCommits?: boolean;
+
+  /**
    * Committed events with `seq > afterSeq` (default 0), in order, at most `limit` of them (default:
    * all). Throws ResetError when fenced, StorageFailure when poisoned.
    */

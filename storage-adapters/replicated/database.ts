@@ -51,6 +51,8 @@ export interface HandleInit {
 export class ReplicatedDatabase implements Database {
   readonly name: string;
   readonly epoch: number;
+  /** Concurrent commits go out together, one etcd transaction per group (commit-pipeline.ts). */
+  readonly groupsCommits = true;
   private readonly keys: Keys;
   private readonly copy: LocalCopy;
   private readonly pipeline: CommitPipeline;
