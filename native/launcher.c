@@ -16,15 +16,21 @@
  *      parent (SO_PEERCRED), because anyone may bind an abstract name (see connect_back);
  *   2. forks; the child starts a new session (setsid: its own process group, pgid = pid), resets
  *      every signal to its default and unblocks them all, puts the three connections on fds 0, 1
- *      and 2 and closes every other fd, changes to the cell's directory and execs /bin/sh with the
- *      gate script, its argv and the environment exactly as sent;
- *   3. answers "S <token> <pid>\n" once exec succeeded, or "E <token> <errno> <step>\n" when a step
- *      failed (step: connect, fork, setsid, signals, dup2, chdir, exec or request; the child's own
- *      errno and step come back through a close-on-exec pipe, the usual way);
+ *      and 2 and closes every other fd, and changes to the cell's directory. The child is the gate:
+ *      it blocks reading "go\n" from its stdin, which the harness writes only once
+ *      `execution_started` is durable; then it puts /dev/null on stdin and execs the cell's argv
+ *      with the environment exactly as sent (PATH searched in that environment), as
+ *      `/bin/sh -c 'read go; exec "$@" </dev/null'` would, without the cost of starting a shell per
+ *      cell. Anything but "go", or end of file: exit 125, nothing run. An exec failure after
+ *      release: a line on the cell's stderr, exit 127 (not found) or 126, as sh's. An argv over the
+ *      kernel's exec limits is refused before the fork (E2BIG);
+ *   3. answers "S <token> <pid>\n" once the gate waits for release, or
+ *      "E <token> <errno> <step>\n" when a step failed (step: connect, fork, setsid, signals, dup2,
+ *      chdir, exec or request; the child's own errno and step come back through a close-on-exec
+ *      pipe, the usual way);
  *   4. reaps every child that exits and answers "X <pid> <wait status>\n".
- * The gate itself is unchanged: it blocks reading "go" from its stdin, which the harness writes only
- * once `execution_started` is durable. This program never writes to a gate and never signals one:
- * releasing, stopping and killing stay with the harness, by process group.
+ * This program never writes to a gate and never signals one: releasing, stopping and killing stay
+ * with the harness, by process group.
  *
  * When stdin ends (the harness exited or died), the launcher exits at once. Its children are
  * reparented and run on exactly as they would have if the harness had been their parent: a gate not
@@ -32,8 +38,9 @@
  * anything; a released cell is found by the next owner's recovery, as before.
  *
  * Request frame on stdin: a 4-byte little-endian length, then that many bytes of NUL-terminated
- * strings: token, cwd, argument count, the arguments (argv[0] is the program: /bin/sh), environment
- * count, the "KEY=value" strings. The harness refuses a NUL inside any string before sending.
+ * strings: token, cwd, argument count, the arguments (the cell's: argv[0] is its program),
+ * environment count, the "KEY=value" strings. The harness refuses a NUL inside any string
+ * before sending.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -46,6 +53,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/socket.h>
@@ -183,7 +192,57 @@ static void close_from_3(int keep) {
   closedir(dir);
 }
 
-/* In the child, after fork: never returns. Reports a failure's errno and step on err_fd. */
+/* The launcher's own argv area (contiguous strings), reused to show a gate's command line in ps. */
+static char *argv_area;
+static size_t argv_area_len;
+
+/* In a gate: shows "cairn-gate PROGRAM" as the process's name and command line (ps, /proc). */
+static void name_gate(const char *program) {
+  prctl(PR_SET_NAME, "cairn-gate", 0, 0, 0);
+  if (argv_area == NULL || argv_area_len < 12) return;
+  memset(argv_area, 0, argv_area_len);
+  memcpy(argv_area, "cairn-gate", 10);
+  size_t room = argv_area_len - 12; /* "cairn-gate\0" ... "\0" */
+  size_t n = strlen(program);
+  memcpy(argv_area + 11, program, n < room ? n : room);
+}
+
+/* In a released gate: exec the cell as sh's `exec "$@" </dev/null` would, PATH from the cell's own
+ * environment; a failure is reported on the cell's stderr with sh's exit codes (127 not found, 126
+ * otherwise). Never returns. */
+static void run_released(char **argv, char **envp) {
+  int null_fd = open("/dev/null", O_RDONLY);
+  if (null_fd < 0 || dup2(null_fd, 0) < 0) {
+    dprintf(2, "cairn-gate: /dev/null: %s\n", strerror(errno));
+    _exit(126);
+  }
+  if (null_fd != 0) close(null_fd);
+  environ = envp;
+  execvp(argv[0], argv);
+  int err = errno;
+  dprintf(2, "cairn-gate: %s: %s\n", argv[0], strerror(err));
+  _exit(err == ENOENT || err == ENOTDIR ? 127 : 126);
+}
+
+/* In a gate, before release: 1 when the harness wrote "go\n", 0 otherwise (anything else, end of
+ * file or an error: the harness is gone, or never released it). Reads no further than the newline. */
+static int wait_for_go(void) {
+  char line[8];
+  size_t n = 0;
+  for (;;) {
+    char c;
+    ssize_t r = read(0, &c, 1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return 0;
+    if (c == '\n') return n == 2 && line[0] == 'g' && line[1] == 'o';
+    if (n == sizeof line) return 0;
+    line[n++] = c;
+  }
+}
+
+/* In the child, after fork: never returns. Sets the gate up (a failure's errno and step are reported
+ * on err_fd), reports success by closing err_fd, waits for "go" on its stdin, and only then execs
+ * argv (see run_released); without "go", exits 125 having run nothing. */
 static void become_gate(int fds[3], int err_fd, const char *cwd, char **argv, char **envp) {
   int report[2];
   report[1] = STEP_SETSID;
@@ -200,12 +259,37 @@ static void become_gate(int fds[3], int err_fd, const char *cwd, char **argv, ch
   close_from_3(err_fd);
   report[1] = STEP_CHDIR;
   if (chdir(cwd) < 0) goto fail;
-  report[1] = STEP_EXEC;
-  execve(argv[0], argv, envp);
+  name_gate(argv[0]);
+  close(err_fd); /* started: the launcher answers S now */
+  if (!wait_for_go()) _exit(125);
+  run_released(argv, envp);
 fail:
   report[0] = errno;
   (void)!write(err_fd, report, sizeof report);
   _exit(127);
+}
+
+/* The gate execs only after release, too late to refuse an argv the kernel will not take: so the
+ * kernel's own limits (fs/exec.c) are checked first, and such a launch is refused as E2BIG before
+ * anything starts, as the exec of a shell gate carrying the same argv would have been. */
+static int exceeds_exec_limits(char **argv, long argc, char **envp, long envc) {
+  const size_t max_arg_strlen = 32 * 4096; /* MAX_ARG_STRLEN, the NUL included */
+  struct rlimit stack;
+  size_t limit = 6u * 1024u * 1024u; /* _STK_LIM / 4 * 3 */
+  if (getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur != RLIM_INFINITY && stack.rlim_cur / 4 < limit) limit = stack.rlim_cur / 4;
+  if (limit < 32 * 4096) limit = 32 * 4096; /* ARG_MAX */
+  size_t total = (size_t)(argc + envc) * sizeof(char *) + strlen(argv[0]) + 1;
+  for (long i = 0; i < argc; i++) {
+    size_t n = strlen(argv[i]) + 1;
+    if (n > max_arg_strlen) return 1;
+    total += n;
+  }
+  for (long i = 0; i < envc; i++) {
+    size_t n = strlen(envp[i]) + 1;
+    if (n > max_arg_strlen) return 1;
+    total += n;
+  }
+  return total > limit;
 }
 
 /* Parses one request and launches it. */
@@ -250,6 +334,12 @@ static void launch(char *frame, uint32_t len) {
   int err_pipe[2] = {-1, -1};
   int failure = 0;
   int step = STEP_CONNECT;
+  if (exceeds_exec_limits(argv, argc, envp, envc)) {
+    free(argv);
+    free(envp);
+    answer_error(token, E2BIG, STEP_EXEC);
+    return;
+  }
   for (int i = 0; i < 3 && failure == 0; i++) {
     fds[i] = connect_back(token, i);
     if (fds[i] < 0) failure = errno;
@@ -303,6 +393,8 @@ int main(int argc, char **argv) {
   }
   socket_name = argv[1];
   harness_pid = getppid();
+  argv_area = argv[0];
+  argv_area_len = (size_t)(argv[argc - 1] + strlen(argv[argc - 1]) + 1 - argv[0]);
   signal(SIGPIPE, SIG_IGN);
   sigset_t chld;
   sigemptyset(&chld);

@@ -1,8 +1,8 @@
 /**
  * The executor: runs one cmd or script cell in its own process group, behind a gate.
  *
- * `prepare` spawns a tiny gate (`/bin/sh` blocked reading its stdin) in a new session and process
- * group, and returns the gate's identity (pid, pgid, start time) BEFORE any of the cell's code runs.
+ * `prepare` spawns a tiny gate (a process blocked reading its stdin: the native launcher's own fork,
+ * or `/bin/sh` with Node's spawn; see launcher.ts) in a new session and process group, and returns the gate's identity (pid, pgid, start time) BEFORE any of the cell's code runs.
  * The harness commits `execution_started` with that identity, then calls `release()`: the gate reads
  * "go" and `exec`s the cell's argv, keeping the same pid, process group and start time. If the
  * harness dies before releasing, the gate reads end-of-file and exits 125: nothing ran.
@@ -98,11 +98,6 @@ export interface Executor {
   prepare(spec: LaunchSpec): Promise<Prepared>;
 }
 
-/**
- * The gate. "$@" is the cell's argv, never interpreted by the shell. stdin of the cell is /dev/null.
- * Exit 125 means the gate was not released (its stdin closed without "go"): the cell never ran.
- */
-const GATE_SCRIPT = 'IFS= read -r go; [ "$go" = go ] || exit 125; exec "$@" </dev/null';
 /** Exit code of a gate that was closed without being released. */
 export const GATE_NOT_RELEASED_EXIT = 125;
 
@@ -127,11 +122,6 @@ function unlaunchable(detail: string): Prepared {
     kind: "unlaunchable",
     outcome: { result: "error", exit_code: null, signal: null, duration_ms: 0, output_bytes: 0, dropped_bytes: 0, detail },
   };
-}
-
-/** The argv that starts the gate for a cell's argv (what a launcher is asked to run). */
-export function gateArgv(argv: readonly string[]): string[] {
-  return ["/bin/sh", "-c", GATE_SCRIPT, "cairn-gate", ...argv];
 }
 
 /** A spawn failure in words: E2BIG and a NUL byte get a sentence that says what to change. */
@@ -196,7 +186,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     // over ARG_MAX) must end as an execution that could not start, never as a launch that hangs.
     // The environment is exactly this (never merged with this process's again): cellBaseEnv withholds
     // the harness's secrets.
-    const started = await launcher.start({ argv: gateArgv(resolved.argv), cwd: spec.cwd, env: { ...cellBaseEnv(process.env), ...resolved.env, ...spec.env } });
+    const started = await launcher.start({ argv: resolved.argv, cwd: spec.cwd, env: { ...cellBaseEnv(process.env), ...resolved.env, ...spec.env } });
     if (!started.ok) return unlaunchable(`the process could not be started: ${spawnErrorWords(started.error)}`);
     const child = started.gate;
     child.stdin.on("error", () => undefined);

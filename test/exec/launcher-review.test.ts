@@ -15,7 +15,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync 
 import { connect, createServer, type Socket } from "node:net";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
-import { createExecutor, gateArgv, type Executor, type GatedLaunch, type LaunchSpec, type Prepared } from "../../src/exec/executor.js";
+import { createExecutor, type Executor, type GatedLaunch, type LaunchSpec, type Prepared } from "../../src/exec/executor.js";
 import { createNativeLauncher, type GateLauncher, nativeLauncherPath } from "../../src/exec/launcher.js";
 import { readProcStat } from "../../src/exec/procfs.js";
 import { collector, comm, isAlive, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
@@ -121,6 +121,7 @@ function processesWith(needle: string): number[] {
 }
 
 /** A raw request frame, as src/exec/launcher.ts writes it. */
+/** A raw request frame (native/launcher.c): the launcher's child gates `argv`. */
 function frame(token: string, cwd: string, argv: string[], env: string[]): Buffer {
   const body = Buffer.from(`${[token, cwd, String(argv.length), ...argv, String(env.length), ...env].join("\0")}\0`, "utf8");
   const head = Buffer.alloc(4);
@@ -238,12 +239,12 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
 
   test("a harness that stalls with 300 launches queued (more connections than the listen backlog) gets every one, exact", async () => {
     const { launcher } = ownExecutor();
-    const warm = await launcher.start({ argv: gateArgv(["true"]), cwd: tmp.dir, env: {} });
+    const warm = await launcher.start({ argv: ["true"], cwd: tmp.dir, env: {} });
     assert.ok(warm.ok);
     warm.gate.stdin.end("go\n");
     await warm.gate.exited;
     // Small frames, all written to the launcher's pipe at once (no I/O turn in between).
-    const pending = Array.from({ length: 300 }, (_, i) => launcher.start({ argv: gateArgv(["/bin/echo", String(i)]), cwd: tmp.dir, env: {} }));
+    const pending = Array.from({ length: 300 }, (_, i) => launcher.start({ argv: ["/bin/echo", String(i)], cwd: tmp.dir, env: {} }));
     for (let i = 0; i < 20; i++) await Promise.resolve();
     // Then this process does not run for a while: the launcher fills the listen backlog (511) and blocks in connect().
     Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1500);
@@ -371,7 +372,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
     assert.ok(launcher.pid !== undefined);
     process.kill(launcher.pid, "SIGSTOP");
     const token = randomBytes(16).toString("hex");
-    launcher.stdin?.write(frame(token, tmp.dir, gateArgv(["touch", marker]), [`PATH=${process.env["PATH"] ?? "/usr/bin:/bin"}`]));
+    launcher.stdin?.write(frame(token, tmp.dir, ["touch", marker], [`PATH=${process.env["PATH"] ?? "/usr/bin:/bin"}`]));
     await new Promise<void>((resolve) => harness.close(() => resolve()));
     launcher.stdin?.end();
     process.kill(launcher.pid, "SIGCONT");
@@ -404,11 +405,11 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
       // The harness: a python3 process, the launcher's parent, bound to the exact-length spelling.
       const py = [
         "import json, os, socket, struct, subprocess, sys",
-        "launcher, name, cwd, gate = sys.argv[1:5]",
+        "launcher, name, cwd = sys.argv[1:4]",
         "s = socket.socket(socket.AF_UNIX); s.bind('\\0' + name); s.listen(16); s.settimeout(30)",
         "p = subprocess.Popen([launcher, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE)",
         "token = os.urandom(16).hex()",
-        "body = ('\\0'.join([token, cwd, '6', '/bin/sh', '-c', gate, 'cairn-gate', '/bin/echo', 'ok', '0']) + '\\0').encode()",
+        "body = ('\\0'.join([token, cwd, '2', '/bin/echo', 'ok', '0']) + '\\0').encode()",
         "p.stdin.write(struct.pack('<I', len(body)) + body); p.stdin.flush()",
         "conns = {}",
         "while len(conns) < 3:",
@@ -428,7 +429,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
         "p.stdin.close(); p.wait()",
         "print(json.dumps({'answer': answer, 'out': out.decode(), 'exit': exit_line}))",
       ].join("\n");
-      const r = await execa("python3", ["-c", py, path, name, tmp.dir, gateArgv([])[2]!], { reject: false, timeout: 180_000 });
+      const r = await execa("python3", ["-c", py, path, name, tmp.dir], { reject: false, timeout: 180_000 });
       assert.equal(r.exitCode, 0, r.stderr);
       const got = JSON.parse(r.stdout) as { answer: string; out: string; exit: string };
       assert.match(got.answer, /^S [0-9a-f]{32} \d+$/);

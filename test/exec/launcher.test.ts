@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { execa } from "execa";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { connect } from "node:net";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
@@ -120,6 +120,57 @@ describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node'
     g2.release();
     assert.equal((await g2.done).result, "success");
     assert.equal(s2.out.text("stdout"), "again\n");
+  });
+
+  test("the gate is the launcher's own child, no shell: it shows as cairn-gate, runs only on \"go\", and an exec that fails after release says why, with sh's exit codes", async () => {
+    assert.ok(path !== null);
+    const launcher = createNativeLauncher(path);
+    const start = async (argv: string[]) => {
+      const r = await launcher.start({ argv, cwd: tmp.dir, env: { PATH: process.env["PATH"] ?? "/usr/bin:/bin" } });
+      if (!r.ok) assert.fail(`launch of ${argv[0]} refused: ${r.error.message}`);
+      groups.push(r.gate.pid);
+      let err = "";
+      let out = "";
+      r.gate.stderr.setEncoding("utf8");
+      r.gate.stderr.on("data", (c: string) => (err += c));
+      r.gate.stdout.setEncoding("utf8");
+      r.gate.stdout.on("data", (c: string) => (out += c));
+      r.gate.stderr.resume();
+      r.gate.stdout.resume();
+      return { gate: r.gate, stderr: () => err, stdout: () => out };
+    };
+    const marker = join(tmp.dir, "touched-by-a-wrong-word");
+
+    const waiting = await start(["touch", marker]);
+    assert.equal(comm(waiting.gate.pid), "cairn-gate");
+    assert.match(readFileSync(`/proc/${waiting.gate.pid}/cmdline`, "utf8"), /^cairn-gate\0touch\0/);
+    assert.equal(readProcStat(waiting.gate.pid)?.pgid, waiting.gate.pid);
+    waiting.gate.stdin.end("gone\n"); // not the word
+    assert.deepEqual(await waiting.gate.exited, { code: 125, signal: null });
+    assert.equal(existsSync(marker), false, "nothing ran without \"go\"");
+
+    const missing = await start(["/nonexistent/program", "x"]);
+    missing.gate.stdin.end("go\n");
+    assert.deepEqual(await missing.gate.exited, { code: 127, signal: null });
+    await waitFor(() => missing.stderr().length > 0, 120_000, "the gate's sentence on stderr");
+    assert.equal(missing.stderr(), "cairn-gate: /nonexistent/program: No such file or directory\n");
+
+    const notExecutable = join(tmp.dir, "plain-file");
+    writeFileSync(notExecutable, "echo no\n", { mode: 0o644 });
+    const denied = await start([notExecutable]);
+    denied.gate.stdin.end("go\n");
+    assert.deepEqual(await denied.gate.exited, { code: 126, signal: null });
+
+    // Found through the cell's own PATH, as sh's `exec` would.
+    const viaPath = await start(["echo", "found"]);
+    viaPath.gate.stdin.end("go\n");
+    assert.deepEqual(await viaPath.gate.exited, { code: 0, signal: null });
+    await waitFor(() => viaPath.stdout() === "found\n", 120_000, "the cell's output");
+
+    // An argument over the kernel's limit for one string (128 KiB) is refused before anything starts.
+    const huge = await launcher.start({ argv: ["echo", "x".repeat(200 * 1024)], cwd: tmp.dir, env: {} });
+    assert.equal(huge.ok, false);
+    if (!huge.ok) assert.equal(huge.error.code, "E2BIG");
   });
 
   test("SIGKILL of the launcher before release: the gate can still be released, and runs", async () => {
