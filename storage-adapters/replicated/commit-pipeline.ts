@@ -44,8 +44,17 @@ export interface PipelineInit {
 interface Pending {
   readonly events: readonly NewEvent[];
   readonly identities: readonly string[];
+  /** Each event's JSON (eventsJson is their array): the local copy stores them as they are. */
+  readonly jsons: readonly string[];
   readonly eventsJson: string;
   readonly bytes: number;
+  /**
+   * True when an identity of this commit may have entered the log after the local copy was checked
+   * at `commit()`: another commit waiting or in flight then held one of its identities, or a group
+   * passed it over. Only such a commit is checked against the local copy again when its group is
+   * taken; any other commit with one of its identities is queued behind it, and is checked itself.
+   */
+  contended: boolean;
   resolve(receipt: CommitReceipt): void;
   reject(err: unknown): void;
 }
@@ -62,6 +71,8 @@ const MAX_BACKOFF_MS = 500;
 
 export class CommitPipeline {
   private readonly queue: Pending[] = [];
+  /** Identities of the commits waiting or in flight, with how many hold each. */
+  private readonly liveIdentities = new Map<string, number>();
   private inflight: readonly Pending[] = [];
   private running: Promise<void> | null = null;
   private head: number;
@@ -119,8 +130,32 @@ export class CommitPipeline {
     }
     const outage = this.outageRefusal();
     if (outage !== null) throw outage;
+    const contended = identities.some((id) => this.liveIdentities.has(id));
+    for (const id of identities) this.liveIdentities.set(id, (this.liveIdentities.get(id) ?? 0) + 1);
+    const settled = (): void => {
+      for (const id of identities) {
+        const n = this.liveIdentities.get(id) ?? 0;
+        if (n <= 1) this.liveIdentities.delete(id);
+        else this.liveIdentities.set(id, n - 1);
+      }
+    };
     return new Promise<CommitReceipt>((resolve, reject) => {
-      this.queue.push({ events: batch, identities, eventsJson, bytes, resolve, reject });
+      this.queue.push({
+        events: batch,
+        identities,
+        jsons,
+        eventsJson,
+        bytes,
+        contended,
+        resolve: (receipt) => {
+          settled();
+          resolve(receipt);
+        },
+        reject: (err) => {
+          settled();
+          reject(err);
+        },
+      });
       this.kick();
     });
   }
@@ -185,13 +220,14 @@ export class CommitPipeline {
     let i = 0;
     while (i < this.queue.length) {
       const p = this.queue[i]!;
-      const present = this.init.copy.existing(p.identities);
+      const present = p.contended ? this.init.copy.existing(p.identities) : [];
       if (present.length > 0) {
         this.queue.splice(i, 1);
         p.reject(duplicateIdentity(present, "in the log"));
         continue;
       }
       if (p.identities.some((id) => ids.has(id))) {
+        p.contended = true;
         i++; // waits for the next group, where it will be refused as a duplicate if the first one lands
         continue;
       }
@@ -332,7 +368,7 @@ export class CommitPipeline {
     this.lastHash = last.hash;
     let copyError: unknown = null;
     try {
-      this.init.copy.append(records);
+      this.init.copy.append(records, group);
     } catch (err) {
       copyError = err;
     }

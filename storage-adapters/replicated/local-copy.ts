@@ -164,20 +164,24 @@ export class LocalCopy {
 
   /**
    * Appends committed batches in one SQLite transaction, skipping those already held (another handle
-   * on the same file may have caught up first). Batches must follow the local head.
+   * on the same file may have caught up first). Batches must follow the local head. `split[k]`, when
+   * given, is record k's events already split (identities and JSON texts, as in its eventsJson).
    */
-  append(records: readonly BatchRecord[]): void {
+  append(records: readonly BatchRecord[], split?: readonly { readonly identities: readonly string[]; readonly jsons: readonly string[] }[]): void {
     const { insertBatch, insertEvent } = this.stmt;
     this.db.transaction(() => {
       let head = this.head();
-      for (const r of records) {
+      for (const [k, r] of records.entries()) {
         const h = r.header;
         if (h.last <= head) continue;
         if (h.first !== head + 1) throw new Error(`cannot append batch ${h.first}..${h.last} to a local copy at seq ${head}`);
-        const { events, jsons } = splitEvents(r.eventsJson);
-        if (events.length !== h.last - h.first + 1) throw new Error(`batch ${h.first}..${h.last} holds ${events.length} events`);
+        // The committer's own batches come split already (each event's identity and JSON); batches
+        // read from the cluster are split here.
+        const parts = split?.[k] ?? splitEvents(r.eventsJson);
+        const identities = "identities" in parts ? parts.identities : parts.events.map((e) => e.identity);
+        if (identities.length !== h.last - h.first + 1) throw new Error(`batch ${h.first}..${h.last} holds ${identities.length} events`);
         insertBatch.run(h.first, h.last, h.epoch, h.token, h.hash);
-        events.forEach((e, i) => insertEvent.run(h.first + i, e.identity, jsons[i]!));
+        identities.forEach((id, i) => insertEvent.run(h.first + i, id, parts.jsons[i]!));
         head = h.last;
       }
     })();

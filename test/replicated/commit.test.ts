@@ -96,6 +96,24 @@ describe("replicated commits", () => {
     await db.close();
   });
 
+  it("a batch queued behind one in flight with the same identity is refused locally once that one lands; a later batch sharing its other identity lands", async () => {
+    const db = await storage.open("contended");
+    const before = (db.stats() as ReplicatedStats).commitTxns;
+    // The first is sent at once; the other two queue behind it.
+    const results = await Promise.allSettled([db.commit([ev("y")]), db.commit([ev("y"), ev("x")]), db.commit([ev("x")])]);
+    assert.deepEqual(
+      results.map((r) => r.status),
+      ["fulfilled", "rejected", "fulfilled"],
+    );
+    const refused = results[1]!;
+    assert.ok(refused.status === "rejected");
+    assert.deepEqual([...(refused.reason as { identities: string[] }).identities], ["y"]);
+    assert.equal((db.stats() as ReplicatedStats).commitTxns - before, 2, "the duplicate was refused from the local copy, not by a failed etcd transaction");
+    const ids = (await db.read()).map((e) => e.identity);
+    assert.deepEqual(ids, ["y", "x"]);
+    await db.close();
+  });
+
   it("an identity the cluster holds but the local copy does not: the group falls back to one txn per batch, only that batch fails", async () => {
     const db = await storage.open("ghost");
     await db.commit([ev("first")]);
