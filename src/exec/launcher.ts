@@ -22,7 +22,8 @@
  * 125 without running anything). The gate's stdio are Unix stream sockets either way: Node's `spawn`
  * uses socket pairs for 'pipe' too.
  *
- * Choosing: `CAIRN_LAUNCHER=node` forces Node's spawn; otherwise the launcher is used when
+ * Choosing: `CAIRN_LAUNCHER=node` forces Node's spawn, `CAIRN_LAUNCHER=native` requires the
+ * launcher (any other value is a ConfigError); unset, the launcher is used when
  * `build/cairn-launcher` exists (npm install builds it with the system C compiler; without one,
  * `npm install` says so and Cairn uses Node's spawn, slower but equally safe).
  *
@@ -38,6 +39,7 @@ import { createServer, type Server, type Socket } from "node:net";
 import { constants as osConstants } from "node:os";
 import { dirname, join, resolve as resolvePath } from "node:path";
 import { fileURLToPath } from "node:url";
+import { ConfigError } from "../errors.js";
 import { readProcStat } from "./procfs.js";
 
 /** How the gate's leader ended. `lost` says why the status is unknown (the launcher died). */
@@ -102,6 +104,10 @@ function failedStep(step: string | undefined, p: { cwd: string; program: string 
 const MAX_FRAME = 32 * 1024 * 1024;
 /** How often a cell whose launcher died is checked for having ended. */
 const ORPHAN_POLL_MS = 100;
+/** While launches or exits are awaited, how often the launcher is checked for being stopped. */
+const STOPPED_CHECK_MS = 1000;
+/** A connection that has not been paired with a launch by then is closed (a stranger's, or a stale one). */
+const UNPAIRED_TIMEOUT_MS = 30_000;
 
 const signalNames = new Map<number, string>(Object.entries(osConstants.signals).map(([name, n]) => [n, name]));
 const errnoNames = new Map<number, string>(Object.entries(osConstants.errno).map(([name, n]) => [n, name]));
@@ -192,12 +198,17 @@ class NativeLauncher implements GateLauncher {
   readonly kind = "native" as const;
   private readonly path: string;
   private running: { child: ChildProcess; server: Server; name: string; dead: boolean } | null = null;
+  /** Checks, while busy, that the launcher is not stopped (see `continueIfStopped`). */
+  private watchdog: NodeJS.Timeout | null = null;
   private starting: Promise<NonNullable<NativeLauncher["running"]>> | null = null;
   private readonly pending = new Map<string, Pending>();
   /** Exits awaited, by pid; set when the launcher answers S, resolved by its X. */
   private readonly exits = new Map<number, (e: GateExit) => void>();
 
-  constructor(path: string) {
+  constructor(
+    path: string,
+    private readonly unpairedTimeoutMs = UNPAIRED_TIMEOUT_MS,
+  ) {
     this.path = path;
   }
 
@@ -277,12 +288,37 @@ class NativeLauncher implements GateLauncher {
   /** Keeps this process alive while a launch or an exit is awaited, and only then. */
   private refresh(): void {
     const r = this.running;
+    const busy = r !== null && !r.dead && (this.pending.size > 0 || this.exits.size > 0);
+    if (busy && this.watchdog === null) {
+      this.watchdog = setInterval(() => this.continueIfStopped(), STOPPED_CHECK_MS);
+      this.watchdog.unref();
+    } else if (!busy && this.watchdog !== null) {
+      clearInterval(this.watchdog);
+      this.watchdog = null;
+    }
     if (r === null || r.dead) return;
-    const busy = this.pending.size > 0 || this.exits.size > 0;
     const out = r.child.stdout as Socket | null;
     if (busy) out?.ref();
     else out?.unref();
     (r.child.stdin as Socket | null)?.unref();
+  }
+
+  /**
+   * A cell can stop its parent, which is the launcher (`kill -STOP $PPID`): every later launch and
+   * every exit report would then wait until someone continued it, and the run would wedge. So while
+   * anything is awaited, a stopped launcher is continued (SIGCONT). Nothing else stops it: it runs in
+   * its own session, out of reach of a terminal's job control.
+   */
+  private continueIfStopped(): void {
+    const pid = this.running?.child.pid;
+    if (pid === undefined || this.running?.dead !== false) return;
+    const state = readProcStat(pid)?.state;
+    if (state !== "T" && state !== "t") return;
+    try {
+      process.kill(pid, "SIGCONT");
+    } catch {
+      // gone meanwhile: its exit is handled by died()
+    }
   }
 
   private answer(line: string): void {
@@ -317,6 +353,9 @@ class NativeLauncher implements GateLauncher {
     // Anyone on the host may connect to an abstract name: until its tag pairs it with a launch, a
     // connection must not keep this process alive (an awaited launch does, through the launcher's stdout).
     socket.unref();
+    const unpaired = setTimeout(() => socket.destroy(), this.unpairedTimeoutMs);
+    unpaired.unref();
+    socket.once("close", () => clearTimeout(unpaired));
     let head = Buffer.alloc(0);
     const onData = (chunk: Buffer): void => {
       head = Buffer.concat([head, chunk]);
@@ -325,6 +364,7 @@ class NativeLauncher implements GateLauncher {
         if (head.length > 128) socket.destroy();
         return;
       }
+      clearTimeout(unpaired);
       socket.off("data", onData);
       socket.pause();
       const [token, n] = head.subarray(0, nl).toString("latin1").split(" ");
@@ -390,6 +430,7 @@ class NativeLauncher implements GateLauncher {
         }
       }, ORPHAN_POLL_MS);
     }
+    this.refresh();
   }
 }
 
@@ -401,13 +442,20 @@ let chosen: GateLauncher | null = null;
  */
 export function gateLauncher(): GateLauncher {
   if (chosen === null) {
-    const path = process.env["CAIRN_LAUNCHER"] === "node" ? null : nativeLauncherPath();
+    const asked = process.env["CAIRN_LAUNCHER"] ?? "";
+    if (asked !== "" && asked !== "node" && asked !== "native") {
+      throw new ConfigError(`CAIRN_LAUNCHER=${JSON.stringify(asked).slice(0, 80)} is not a launcher: set it to "node" (Node's spawn) or "native" (build/cairn-launcher, the default when built), or unset it`);
+    }
+    const path = asked === "node" ? null : nativeLauncherPath();
+    if (asked === "native" && path === null) {
+      throw new ConfigError("CAIRN_LAUNCHER=native, but build/cairn-launcher was not found: build it with `node scripts/build-launcher.mjs` (it needs a C compiler), or unset CAIRN_LAUNCHER to use Node's spawn");
+    }
     chosen = path === null ? nodeLauncher : new NativeLauncher(path);
   }
   return chosen;
 }
 
 /** A launcher of its own (for tests): the native one at `path`. */
-export function createNativeLauncher(path: string): GateLauncher {
-  return new NativeLauncher(path);
+export function createNativeLauncher(path: string, options: { unpairedTimeoutMs?: number } = {}): GateLauncher {
+  return new NativeLauncher(path, options.unpairedTimeoutMs);
 }

@@ -38,6 +38,14 @@ function gated(p: Prepared): GatedLaunch {
 }
 
 
+describe("choosing the launcher", () => {
+  test("CAIRN_LAUNCHER with an unknown value is refused with a sentence that names the values", async () => {
+    const code = 'import("./src/exec/launcher.ts").then((m) => { try { m.gateLauncher(); console.log("accepted"); } catch (e) { console.log(e.name + ": " + e.message); } })';
+    const r = await execa(process.execPath, ["--import", "tsx", "-e", code], { env: { CAIRN_LAUNCHER: "nativ" }, reject: false, timeout: 180_000 });
+    assert.match(r.stdout, /^ConfigError: CAIRN_LAUNCHER="nativ" is not a launcher: set it to "node" .* or "native"/);
+  });
+});
+
 describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's spawn was asked for" : false }, () => {
   test("this checkout built it, and it is the launcher this process uses", () => {
     assert.ok(path !== null && existsSync(path), "build/cairn-launcher exists (npm install builds it; `node scripts/build-launcher.mjs` by hand)");
@@ -95,6 +103,45 @@ describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node'
     g2.release();
     assert.equal((await g2.done).result, "success");
     assert.equal(s2.out.text("stdout"), "still fine\n");
+  });
+
+  test("a connection that never sends its tag is closed after the unpaired timeout (a stranger cannot hold the harness's fds)", async () => {
+    assert.ok(path !== null);
+    const launcher = createNativeLauncher(path, { unpairedTimeoutMs: 300 });
+    const ex = createExecutor({ killGraceMs: 200, launcher });
+    const g = gated(await ex.prepare(spec(["true"])));
+    const launcherPid = readProcStat(g.identity.pid)?.ppid ?? 0;
+    const name = readFileSync(`/proc/${launcherPid}/cmdline`, "utf8").split("\0")[1] ?? "";
+    const closed = await new Promise<boolean>((resolve) => {
+      const s = connect(`\0${name}`, () => s.write("0123")); // part of a tag, never the newline
+      s.on("error", () => resolve(true));
+      s.on("close", () => resolve(true));
+      setTimeout(() => {
+        s.destroy();
+        resolve(false);
+      }, 60_000);
+    });
+    assert.ok(closed, "the silent connection was closed");
+    g.release();
+    assert.equal((await g.done).result, "success");
+  });
+
+  test("a cell that stops its launcher (kill -STOP $PPID) wedges nothing: the launcher is continued, the next launch starts and exits are reported", { timeout: 180_000 }, async () => {
+    assert.ok(path !== null);
+    const ex = createExecutor({ killGraceMs: 200, launcher: createNativeLauncher(path) });
+    const stopper = spec(["/bin/sh", "-c", "kill -STOP $PPID; echo stopped it"]);
+    const g = gated(await ex.prepare(stopper));
+    const launcherPid = readProcStat(g.identity.pid)?.ppid ?? 0;
+    g.release();
+    await waitFor(() => stopper.out.text("stdout") === "stopped it\n", 120_000, "the cell to stop its launcher");
+    // Launched while the launcher may still be stopped: started all the same, nobody sent SIGCONT but Cairn.
+    const next = spec(["echo", "after"]);
+    const g2 = gated(await ex.prepare(next));
+    assert.equal(readProcStat(g2.identity.pid)?.ppid, launcherPid, "the same launcher, continued");
+    g2.release();
+    assert.equal((await g2.done).result, "success");
+    assert.equal((await g.done).result, "success", "the stopping cell's own exit was reported");
+    assert.equal(next.out.text("stdout"), "after\n");
   });
 
   test("SIGKILL of the launcher while a cell runs: the cell runs to its end, its outcome says the status is unknown, the next launch starts a new launcher", async () => {
