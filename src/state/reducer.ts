@@ -43,13 +43,24 @@ export class LogCorrupt extends Error {
 /** Failure classes that say nothing about the model's answer: they do not count toward the admissible-patch limit. */
 const TRANSPORT_FAILURES: ReadonlySet<string> = new Set(["transport", "http", "auth", "config"]);
 
+/**
+ * How many of the most recent identities the reducer remembers to refuse a repeat (a cheap check
+ * for a replayed batch; the storage enforces uniqueness over the whole log). Bounded, so a
+ * long-lived owner's memory does not grow with every event it ever folded (about 100 bytes each).
+ */
+export const RECENT_IDENTITIES = 16_384;
+
 /** Folds events incrementally. `apply` events in seq order; `projection()` reads the result. */
 export class Reducer {
   private head = 0;
   private readonly sessions = new Map<string, SessionWork>();
   private readonly order: string[] = [];
-  /** Identities folded by this instance (a cheap corruption check; the storage enforces uniqueness). */
-  private readonly identities = new Set<string>();
+  /** The last RECENT_IDENTITIES identities folded by this instance, and their order (a ring). */
+  private readonly recent = new Set<string>();
+  private readonly ring: (string | undefined)[] = [];
+  private ringAt = 0;
+  /** Every `owner_claimed` identity folded by this instance (one per session and owner epoch). */
+  private readonly claims = new Set<string>();
 
   /** Folds `events` (in seq order, each after the current head). */
   apply(events: readonly LogEvent[]): void {
@@ -81,11 +92,13 @@ export class Reducer {
 
   /**
    * True when an event with `identity` was folded by THIS instance (since its snapshot, when restored
-   * from one). Enough to know what the current owner already committed: its epoch began after the
-   * snapshot it opened from. The storage, not this, enforces uniqueness over the whole log.
+   * from one): exact for `owner_claimed` identities, which is what the owner asks (its epoch began
+   * after the snapshot it opened from, so every claim it made was folded here); other identities are
+   * remembered only among the most recent RECENT_IDENTITIES. The storage, not this, enforces
+   * uniqueness over the whole log.
    */
   folded(identity: string): boolean {
-    return this.identities.has(identity);
+    return this.claims.has(identity) || this.recent.has(identity);
   }
 
   session(id: string): SessionProjection | undefined {
@@ -98,9 +111,14 @@ export class Reducer {
 
   private applyOne(e: LogEvent): void {
     if (e.seq <= this.head) throw new LogCorrupt(`event seq ${e.seq} is not after head ${this.head}`);
-    if (this.identities.has(e.identity)) throw new LogCorrupt(`identity ${e.identity} appears twice in the log (seq ${e.seq})`);
+    if (this.recent.has(e.identity) || this.claims.has(e.identity)) throw new LogCorrupt(`identity ${e.identity} appears twice in the log (seq ${e.seq})`);
     this.head = e.seq;
-    this.identities.add(e.identity);
+    if (e.kind === "owner_claimed") this.claims.add(e.identity);
+    const evicted = this.ring[this.ringAt];
+    if (evicted !== undefined) this.recent.delete(evicted);
+    this.ring[this.ringAt] = e.identity;
+    this.recent.add(e.identity);
+    this.ringAt = (this.ringAt + 1) % RECENT_IDENTITIES;
 
     if (e.kind === "session_created") {
       if (this.sessions.has(e.session)) throw new LogCorrupt(`session ${e.session} created twice`);

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { admit } from "../../src/state/admission.js";
 import { identity, observationId, parseLogEvent } from "../../src/state/events.js";
-import { LogCorrupt, Reducer, reduce } from "../../src/state/reducer.js";
+import { LogCorrupt, RECENT_IDENTITIES, Reducer, reduce } from "../../src/state/reducer.js";
 import { State } from "../../src/state/schema.js";
 import { cmd, LogBuilder, note, observation, rev } from "./helpers.js";
 
@@ -116,6 +116,24 @@ describe("reducer", () => {
     log.add("inbox_received", identity.inbox(S, "a"), { observation: observation("a") });
     log.add("inbox_received", identity.inbox(S, "a"), { observation: observation("a") });
     assert.throws(() => reduce(log.events), (err: unknown) => err instanceof LogCorrupt && /inbox:s1:a appears twice/.test(err.message) && err.code === "internal");
+  });
+
+  test("remembers owner claims always and other identities only in a bounded recent window", () => {
+    const log = new LogBuilder(S);
+    log.add("session_created", identity.session(S), { goal: "g", cwd: "/w", validators: [], budgets: {} });
+    log.add("owner_claimed", identity.owner(S, 1), { epoch: 1, host: "h", boot_id: "b", pid: 1 });
+    for (let n = 1; n <= RECENT_IDENTITIES + 10; n++) log.add("post_refused", identity.postRefused(S, n), { id: `m${n}`, kind: "note", code: "invalid", reason: "r" });
+    const r = new Reducer();
+    r.apply(log.events);
+    assert.equal(r.folded(identity.owner(S, 1)), true, "a claim is remembered however long ago");
+    assert.equal(r.folded(identity.postRefused(S, 1)), false, "an old identity has left the window");
+    assert.equal(r.folded(identity.postRefused(S, RECENT_IDENTITIES + 10)), true);
+    // A repeat within the window is still refused; so is a repeated claim.
+    const head = log.events.length;
+    const dup = { ...log.events[head - 5]!, seq: head + 1 };
+    assert.throws(() => r.apply([dup]), /appears twice/);
+    const claim = { ...log.events[1]!, seq: head + 1 };
+    assert.throws(() => r.apply([claim]), /appears twice/);
   });
 
   test("refuses an event for an unknown session", () => {
