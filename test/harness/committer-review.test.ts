@@ -144,7 +144,11 @@ async function runScenario(seed: number): Promise<Scenario> {
   const old = ["o1", "o2", "o3"].slice(0, 1 + Math.floor(r() * 3));
   for (const s of old) {
     const first = db.log.length + 1;
-    db.log.push({ ...created(s), seq: first } as LogEvent, { ...event("owner_claimed", s, identity.owner(s, EPOCH - 1), AT, { ...OWNER, epoch: EPOCH - 1 }), seq: first + 1 } as LogEvent);
+    db.log.push(
+      { ...created(s), seq: first } as LogEvent,
+      { ...event("owner_claimed", s, identity.owner(s, EPOCH - 1), AT, { ...OWNER, epoch: EPOCH - 1 }), seq: first + 1 } as LogEvent,
+      { ...refusal(s, 1000), seq: first + 2 } as LogEvent,
+    );
   }
   reducer.apply(db.log.map((e) => structuredClone(e)));
   const initial = db.log.length;
@@ -199,13 +203,17 @@ async function runScenario(seed: number): Promise<Scenario> {
   };
 
   // Drivers: each session commits its batches one after the other (as a session's round loop does);
-  // now and then one also sends again, at once, a batch that was already committed (a duplicate).
+  // now and then one also sends again, at once, a batch that was already committed (a duplicate), or
+  // another part of the harness commits for the same session while its batch is in flight.
   const sessions = [...old, ...Array.from({ length: 2 + Math.floor(r() * 4) }, (_, i) => `n${i}`)];
   let n = 0;
   const drivers = sessions.map(async (s) => {
     const batches = 2 + Math.floor(r() * 5);
     const done: NewEvent[][] = [];
     const extra: Promise<unknown>[] = [];
+    // The first batch an old session sends under this epoch is sometimes a duplicate of an event of
+    // the earlier epoch: it carries the session's claim and is refused, so the claim must move on.
+    if (old.includes(s) && r() < 0.5) extra.push(commit([refusal(s, 1000)], true));
     for (let b = 0; b < batches; b++) {
       const events: NewEvent[] = [];
       if (b === 0 && !old.includes(s)) events.push(created(s));
@@ -215,6 +223,8 @@ async function runScenario(seed: number): Promise<Scenario> {
         const again = done[Math.floor(r() * done.length)]!;
         extra.push(commit(again.map((e) => structuredClone(e)), true));
       }
+      // Another part of the harness (a post, a timer) commits for the same session at the same time.
+      if (r() < 0.4 && !(b === 0 && !old.includes(s))) extra.push(commit([refusal(s, ++n)], false));
       const outcome = await commit(events, false);
       if (outcome !== "ok") break;
       done.push(events);
