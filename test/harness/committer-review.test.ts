@@ -31,6 +31,7 @@ import { Reducer } from "../../src/state/reducer.js";
 import type { CommitReceipt, Database, Storage } from "../../src/storage/contract.js";
 import { ResetError, StorageRejected } from "../../src/storage/errors.js";
 import { createReplicatedStorage, localCopyPath } from "../../storage-adapters/replicated/index.js";
+import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { passThrough, passThroughStorage } from "../../chaos/support/passthrough.js";
 import { devCluster, tempDir } from "../replicated/helpers.js";
 import { exitAfterTests } from "../support/exit.js";
@@ -437,6 +438,35 @@ function withHangGuard<T>(p: Promise<T>, what: string): Promise<T> {
   ]);
 }
 
+describe("review: the committer on sqlite, one batch at a time", () => {
+  it("8 sessions: never more than one commit in flight, followers in seq order, live projection = fold of the log", async () => {
+    const tmp = tempDir("committer-review-sqlite");
+    try {
+      const c = counting(createSqliteStorage({ dataDir: join(tmp.dir, "data") }));
+      const h = await Harness.open({ storage: c.storage, name: "one", model: new LoopModel(4), workDir: join(tmp.dir, "work") });
+      try {
+        const f = follower(h, 0);
+        const ids = await Promise.all(Array.from({ length: 8 }, () => h.start({ goal: "loop", cwd: tmp.dir, budgets: { max_rounds: 10 } })));
+        const runs = await withHangGuard(Promise.all(ids.map((id) => h.wait(id))), "the runs");
+        for (const o of runs) assert.equal(o.result, "success", o.reason);
+        await h.settled();
+        assert.equal(c.maxInFlight(), 1);
+        assert.deepEqual(f.problems, []);
+        const reader = await c.storage.reader("one");
+        const fold = new Reducer();
+        fold.apply(await reader.read());
+        await reader.close();
+        assertSameProjection(h, fold, "sqlite");
+      } finally {
+        await h.close();
+        await c.storage.close();
+      }
+    } finally {
+      tmp.remove();
+    }
+  });
+});
+
 describe("review: the committer on a real replicated dev cluster", () => {
   let dc: Awaited<ReturnType<typeof devCluster>> | null = null;
   const dirs = tempDir("committer-review");
@@ -526,6 +556,12 @@ describe("review: the committer on a real replicated dev cluster", () => {
       else assert.deepEqual([...words].sort(), ["new", "refused:conflict"], key);
     }
     assert.equal(h.status, "open");
+    // Two starts of one explicit id at once: one run, the other refused with a sentence.
+    const twice = await Promise.allSettled([h.start({ id: "dup", goal: "loop", cwd }), h.start({ id: "dup", goal: "loop", cwd })]);
+    assert.deepEqual(twice.map((t) => t.status).sort(), ["fulfilled", "rejected"]);
+    const refusedStart = twice.find((t) => t.status === "rejected") as PromiseRejectedResult;
+    assert.match(String((refusedStart.reason as Error).message), /session:dup|dup/);
+    ids.push("dup");
     const runs = await withHangGuard(Promise.all(ids.map((id) => h.wait(id))), "the runs");
     // The scripted model concludes blindly; a conclusion is refused while posted observations are
     // unread (admission's conclusion_blocked), so a run may end as a failure: either way it ended.
@@ -539,7 +575,7 @@ describe("review: the committer on a real replicated dev cluster", () => {
     );
     assertSameProjection(h, fold, "live");
     // What each winner posted is what the log holds.
-    for (const session of ids) {
+    for (const session of ids.filter((id) => id !== "dup")) {
       for (let k = 0; k < 2; k++) {
         const inbox = log.filter((e) => e.kind === "inbox_received" && e.identity === identity.inbox(session, `clash-${k}`));
         assert.equal(inbox.length, 1);
@@ -622,20 +658,20 @@ describe("review: the committer on a real replicated dev cluster", () => {
     const h = await open(storage, name, rounds);
     const f = follower(h, 0);
     const ids = await Promise.all(Array.from({ length: 8 }, () => h.start({ goal: "loop", cwd, budgets: { max_rounds: rounds + 5 } })));
-    await withHangGuard(
-      new Promise<void>((resolve) => {
+    // Closed from inside a follower's call (synchronously, in the middle of folding a run of landed
+    // batches), with the next batches asked for, in flight and landing.
+    const closing = await withHangGuard(
+      new Promise<{ done: Promise<void> }>((resolve) => {
         const stop = h.follow(() => {
           if (f.events.length >= 120) {
             stop();
-            resolve();
+            resolve({ done: h.close() });
           }
         });
       }),
       "120 events",
     );
-    // Closed from inside a follower's turn would be synchronous; here right after a fold, with the
-    // next batches already asked for.
-    await withHangGuard(h.close(), "close with batches in flight");
+    await withHangGuard(closing.done, "close with batches in flight");
     assert.equal(h.status, "closed");
     assert.deepEqual(f.problems, []);
     const { log, fold } = fullLog(dataDirs, name);
