@@ -407,7 +407,7 @@ function fullLog(dataDirs: readonly string[], name: string): { log: LogEvent[]; 
     const db = new Sqlite(file, { readonly: true });
     try {
       for (const row of db.prepare("SELECT seq, json FROM events ORDER BY seq").all() as { seq: number; json: string }[]) {
-        const e = parseLogEvent({ ...(JSON.parse(row.json) as object), seq: row.seq });
+        const e = parseLogEvent({ ...(JSON.parse(row.json) as Omit<LogEvent, "seq">), seq: row.seq });
         const known = bySeq.get(e.seq);
         if (known !== undefined) assert.deepEqual(e, known, `seq ${e.seq} differs between local copies`);
         bySeq.set(e.seq, e);
