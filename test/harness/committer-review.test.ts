@@ -688,6 +688,61 @@ describe("review: the committer on a real replicated dev cluster", () => {
     assertSameProjection(again, end.fold, "at the end");
     await again.close();
   });
+
+  it("the etcd leader killed (SIGKILL) while 8 sessions have batches in flight, then restarted: followers still see every seq once in order, and the end state (reopened) = fold of the log", async () => {
+    const name = "leader";
+    const rounds = 30;
+    const c = counting(machine());
+    const h = await open(c.storage, name, rounds);
+    const f = follower(h, 0);
+    const ids = await Promise.all(Array.from({ length: 8 }, () => h.start({ goal: "loop", cwd, budgets: { max_rounds: rounds + 5 } })));
+    await withHangGuard(
+      new Promise<void>((resolve) => {
+        const stop = h.follow(() => {
+          if (f.events.length >= 100) {
+            stop();
+            resolve();
+          }
+        });
+      }),
+      "100 events",
+    );
+    const status = await dc!.cluster.status();
+    const leader = status.members.findIndex((m) => m.isLeader);
+    assert.ok(leader >= 0, "a leader");
+    const inFlight = c.inFlight();
+    await dc!.cluster.kill(leader, "SIGKILL");
+    try {
+      const seen = f.events.length;
+      await withHangGuard(
+        new Promise<void>((resolve) => {
+          const check = setInterval(() => {
+            if (f.events.length >= seen + 100 || h.status !== "open") {
+              clearInterval(check);
+              resolve();
+            }
+          }, 10);
+        }),
+        "100 more events with the leader gone",
+      );
+    } finally {
+      await dc!.cluster.restart(leader);
+    }
+    const ended = await Promise.allSettled(ids.map((id) => withHangGuard(h.wait(id), `run ${id}`)));
+    const status2 = h.status;
+    await h.settled();
+    assert.deepEqual(f.problems, []);
+    await withHangGuard(h.close(), "close");
+    const { log, fold } = fullLog(dataDirs, name);
+    for (const e of f.events) assert.deepEqual(log[e.seq - 1], e, `seq ${e.seq}`);
+    const again = await open(c.storage, name, rounds);
+    assertSameProjection(again, fold, "reopened after the leader's death");
+    await again.close();
+    process.stderr.write(
+      `committer-review (leader killed): ${inFlight} commits in flight at the kill; harness ${status2}; runs ${ended.map((e) => (e.status === "fulfilled" ? e.value.result : "stopped")).join(",")}; refused ${[...new Set(c.refused)].join(",") || "none"}\n`,
+    );
+    if (status2 === "open") for (const e of ended) assert.equal(e.status === "fulfilled" && e.value.result, "success");
+  });
 });
 
 exitAfterTests("test/harness/committer-review.test.ts");
