@@ -249,6 +249,32 @@ describe("review: the native launcher's inline gate", { skip: forcedNode ? "CAIR
     if (!over.ok) assert.equal(over.error.code, "E2BIG");
   });
 
+  test("under a smaller stack limit (the launcher started through prlimit): the limit is a quarter of it, and never under ARG_MAX (32 pages); exactly at it runs, one byte over is refused up front", async (t) => {
+    const prlimit = ["/usr/bin/prlimit", "/bin/prlimit"].find((p) => existsSync(p));
+    if (prlimit === undefined) {
+      t.skip("prlimit is not installed");
+      return;
+    }
+    // Stack limits of 1 MiB (room 256 KiB) and 256 KiB (a quarter is 64 KiB: ARG_MAX, 128 KiB, applies).
+    for (const [stack, room] of [
+      [1024 * 1024, 256 * 1024],
+      [256 * 1024, 128 * 1024],
+    ] as const) {
+      const wrapper = join(tmp.dir, `launcher-stack-${stack}`);
+      // exec keeps the pid: the launcher's parent is still this process, as it requires.
+      writeFileSync(wrapper, `#!/bin/sh\nexec ${prlimit} --stack=${stack}:${stack} -- ${path!} "$@"\n`);
+      chmodSync(wrapper, 0o755);
+      const small = createNativeLauncher(wrapper);
+      const env = { PATH };
+      const at = await start(small, argvTaking("/bin/true", room, env), env);
+      at.gate.stdin.end("go\n");
+      assert.deepEqual(await exitOf(at), { code: 0, signal: null }, `stack ${stack}, at ${room}: ${at.stderr()}`);
+      const over = await small.start({ argv: argvTaking("/bin/true", room + 1, env), cwd: tmp.dir, env });
+      assert.equal(over.ok, false, `stack ${stack}: one byte over ${room} must be refused up front`);
+      if (!over.ok) assert.equal(over.error.code, "E2BIG");
+    }
+  });
+
   test(
     "a bare program name (found on PATH) with argv exactly at the limit runs or is refused up front, never a started cell that fails with E2BIG",
     { todo: "BUG: exceeds_exec_limits (native/launcher.c:281) counts strlen(argv[0]) for the file name the kernel copies, but execvp passes the PATH-resolved name (\"/usr/bin/true\" for \"true\"), so an argv within that many bytes of the limit passes the check and the released cell then exits 126 with E2BIG" },
