@@ -634,7 +634,12 @@ describe("review: the committer on a real replicated dev cluster", () => {
     assertSameProjection(b, fold, "the second owner at open");
 
     const fb = follower(b, log.length);
-    await b.resume();
+    // Every session needs this epoch's claim: resume, posts to every session and a new run all at
+    // once, so batches of a session wait behind its claim in flight.
+    const posted = ids.flatMap((id) => [0, 1, 2].map((k) => b.post(id, { id: `after-fence-${k}`, kind: "ci", payload: { k } })));
+    const [, extraRun] = await Promise.all([b.resume(), b.start({ goal: "loop", cwd, budgets: { max_rounds: rounds + 5 } })]);
+    ids.push(extraRun);
+    await Promise.allSettled(posted);
     const outcomes = await withHangGuard(Promise.all(ids.map((id) => b.wait(id))), "the runs under the second owner");
     for (const o of outcomes) assert.ok(o.result === "success" || o.result === "failure", `${o.session}: ${o.result} ${o.reason}`);
     await b.settled();
@@ -645,6 +650,17 @@ describe("review: the committer on a real replicated dev cluster", () => {
       fb.events.map((e) => e.seq),
       end.log.slice(log.length).map((e) => e.seq),
     );
+    // Claims never split: each session's first event under the second owner is its claim (right
+    // after session_created for a new run), and it is claimed once.
+    const bySession = new Map<string, LogEvent[]>();
+    for (const e of end.log.slice(log.length)) bySession.set(e.session, [...(bySession.get(e.session) ?? []), e]);
+    for (const [session, events] of bySession) {
+      const claims = events.filter((e) => e.kind === "owner_claimed");
+      assert.equal(claims.length, 1, `session ${session}: ${claims.length} claims`);
+      assert.equal(claims[0]!.kind === "owner_claimed" && claims[0]!.body.epoch, b.epoch);
+      const at = events.indexOf(claims[0]!);
+      assert.ok(at === 0 || (at === 1 && events[0]!.kind === "session_created"), `session ${session}: claim at ${at} of ${events.map((e) => e.kind).join(",")}`);
+    }
     await b.close();
     process.stderr.write(
       `committer-review (fenced): ${inFlightAtFence} commits in flight when the second opener started, ${ca.refused.length} refused after (${[...new Set(ca.refused)].join(", ")}), ${unacknowledged} events durable but never folded by the fenced owner (allowed: never acknowledged)\n`,
