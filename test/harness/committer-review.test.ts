@@ -12,8 +12,11 @@
  * - on a real replicated dev cluster (etcd members started and stopped here): many sessions with a
  *   scripted model and `true` cells, with snapshots every few events, ending with a log whose reopen
  *   (a fresh Harness.open, from the latest snapshot plus the tail) equals both the live projection
- *   and a fold of the whole log; a second opener fencing the first while its batches are in flight;
- *   a close while batches are in flight.
+ *   and a fold of the whole log; concurrent posts of one id refused as duplicates inside a group; a
+ *   second opener fencing the first while its batches are in flight (then resuming, posting and
+ *   starting at once under its own claims); a close from inside a follower while batches are in
+ *   flight; the etcd leader killed mid-run;
+ * - on sqlite: still one commit at a time.
  *
  * Hang guards only (120 s); nothing here asserts on wall time.
  */
