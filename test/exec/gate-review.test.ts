@@ -438,7 +438,7 @@ describe("review: the native launcher's inline gate", { skip: forcedNode ? "CAIR
 describe("review: the shell gate of Node's spawn, beside the native one", () => {
   test(
     '"go" without its newline, then end of file: exit 125, nothing ran (as the native gate)',
-    { todo: "BUG: GATE_SCRIPT (src/exec/launcher.ts:79) runs `IFS= read -r go; [ \"$go\" = go ] || exit 125`: at end of file `read` fails but still sets go=go, so the shell gate runs the cell on \"go\" without a newline, where the native gate exits 125" },
+    { todo: "BUG: GATE_SCRIPT (src/exec/launcher.ts:81) runs `IFS= read -r go; [ \"$go\" = go ] || exit 125`: at end of file `read` fails but still sets go=go, so the shell gate runs the cell on \"go\" without a newline, where the native gate exits 125" },
     async () => {
       const marker = join(tmp.dir, "shell-no-newline");
       const s = await start(nodeLauncher, ["touch", marker]);
