@@ -19,11 +19,13 @@
  *      and 2 and closes every other fd, and changes to the cell's directory. The child is the gate:
  *      it blocks reading "go\n" from its stdin, which the harness writes only once
  *      `execution_started` is durable; then it puts /dev/null on stdin and execs the cell's argv
- *      with the environment exactly as sent (PATH searched in that environment), as
+ *      with the environment exactly as sent (PATH searched in that environment, or dash's default
+ *      search path without one), as
  *      `/bin/sh -c 'read go; exec "$@" </dev/null'` would, without the cost of starting a shell per
  *      cell. Anything but "go", or end of file: exit 125, nothing run. An exec failure after
  *      release: a line on the cell's stderr, exit 127 (not found) or 126, as sh's. An argv over the
- *      kernel's exec limits is refused before the fork (E2BIG);
+ *      kernel's exec limits (counting the file name PATH resolves to and a #! script's
+ *      interpreter) is refused before the gate is reported started (E2BIG);
  *   3. answers "S <token> <pid>\n" once the gate waits for release, or
  *      "E <token> <errno> <step>\n" when a step failed (step: connect, fork, setsid, signals, dup2,
  *      chdir, exec or request; the child's own errno and step come back through a close-on-exec
@@ -56,6 +58,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -207,9 +210,19 @@ static void name_gate(const char *program) {
   memcpy(argv_area + 11, program, n < room ? n : room);
 }
 
-/* In a released gate: exec the cell as sh's `exec "$@" </dev/null` would, PATH from the cell's own
- * environment; a failure is reported on the cell's stderr with sh's exit codes (127 not found, 126
- * otherwise). Never returns. */
+/* dash's search path when there is no PATH, which the shell gate used for a cell without one. */
+static const char default_path[] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/* The PATH the cell's program is searched on: its environment's, else dash's default. */
+static const char *cell_path(char **envp) {
+  for (char **e = envp; *e != NULL; e++)
+    if (strncmp(*e, "PATH=", 5) == 0) return *e + 5;
+  return default_path;
+}
+
+/* In a released gate: exec the cell as sh's `exec "$@" </dev/null` would, searched on the cell's
+ * PATH (see cell_path); a failure is reported on the cell's stderr with sh's exit codes (127 not
+ * found, 126 otherwise). Never returns. */
 static void run_released(char **argv, char **envp) {
   int null_fd = open("/dev/null", O_RDONLY);
   if (null_fd < 0 || dup2(null_fd, 0) < 0) {
@@ -217,12 +230,42 @@ static void run_released(char **argv, char **envp) {
     _exit(126);
   }
   if (null_fd != 0) close(null_fd);
-  environ = envp;
-  execvp(argv[0], argv);
+  /* execvpe searches this process's own PATH; the cell gets envp exactly as sent. */
+  if (setenv("PATH", cell_path(envp), 1) < 0) _exit(126);
+  execvpe(argv[0], argv, envp);
   int err = errno;
   dprintf(2, "cairn-gate: %s: %s\n", argv[0], strerror(err));
   _exit(err == ENOENT || err == ENOTDIR ? 127 : 126);
 }
+
+/* The file execvpe will run for `name`, searched on `path` as glibc does (an empty entry is the
+ * current directory); `name` itself when it holds a slash; NULL when none is found (the exec then
+ * fails after release, 127). Relative to the current directory: call after chdir. */
+static char *resolve_program(char *name, const char *path) {
+  if (strchr(name, '/') != NULL) return name;
+  if (*name == 0) return NULL;
+  size_t name_len = strlen(name);
+  for (const char *p = path;;) {
+    const char *colon = strchr(p, ':');
+    size_t dir_len = colon != NULL ? (size_t)(colon - p) : strlen(p);
+    char *candidate = malloc(dir_len + 1 + name_len + 1);
+    if (candidate == NULL) return NULL;
+    if (dir_len == 0) {
+      memcpy(candidate, name, name_len + 1);
+    } else {
+      memcpy(candidate, p, dir_len);
+      candidate[dir_len] = '/';
+      memcpy(candidate + dir_len + 1, name, name_len + 1);
+    }
+    struct stat st;
+    if (access(candidate, X_OK) == 0 && stat(candidate, &st) == 0 && S_ISREG(st.st_mode)) return candidate;
+    free(candidate);
+    if (colon == NULL) return NULL;
+    p = colon + 1;
+  }
+}
+
+static int over_exec_limits(char **argv, long argc, char **envp, long envc);
 
 /* In a gate, before release: 1 when the harness wrote "go\n", 0 otherwise (anything else, end of
  * file or an error: the harness is gone, or never released it). Reads no further than the newline. */
@@ -243,7 +286,7 @@ static int wait_for_go(void) {
 /* In the child, after fork: never returns. Sets the gate up (a failure's errno and step are reported
  * on err_fd), reports success by closing err_fd, waits for "go" on its stdin, and only then execs
  * argv (see run_released); without "go", exits 125 having run nothing. */
-static void become_gate(int fds[3], int err_fd, const char *cwd, char **argv, char **envp) {
+static void become_gate(int fds[3], int err_fd, const char *cwd, char **argv, long argc, char **envp, long envc) {
   int report[2];
   report[1] = STEP_SETSID;
   if (setsid() < 0) goto fail;
@@ -259,6 +302,11 @@ static void become_gate(int fds[3], int err_fd, const char *cwd, char **argv, ch
   close_from_3(err_fd);
   report[1] = STEP_CHDIR;
   if (chdir(cwd) < 0) goto fail;
+  report[1] = STEP_EXEC;
+  if (over_exec_limits(argv, argc, envp, envc)) {
+    errno = E2BIG;
+    goto fail;
+  }
   name_gate(argv[0]);
   close(err_fd); /* started: the launcher answers S now */
   if (!wait_for_go()) _exit(125);
@@ -269,27 +317,83 @@ fail:
   _exit(127);
 }
 
-/* The gate execs only after release, too late to refuse an argv the kernel will not take: so the
- * kernel's own limits (fs/exec.c) are checked first, and such a launch is refused as E2BIG before
- * anything starts, as the exec of a shell gate carrying the same argv would have been. */
-static int exceeds_exec_limits(char **argv, long argc, char **envp, long envc) {
-  const size_t max_arg_strlen = 32 * 4096; /* MAX_ARG_STRLEN, the NUL included */
+/* The kernel's room for an exec's strings (fs/exec.c): a quarter of the stack limit, at most
+ * _STK_LIM / 4 * 3, at least ARG_MAX (32 pages); pointers to every argument and variable come off it. */
+static size_t exec_room(void) {
   struct rlimit stack;
-  size_t limit = 6u * 1024u * 1024u; /* _STK_LIM / 4 * 3 */
+  size_t limit = 6u * 1024u * 1024u;
   if (getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur != RLIM_INFINITY && stack.rlim_cur / 4 < limit) limit = stack.rlim_cur / 4;
-  if (limit < 32 * 4096) limit = 32 * 4096; /* ARG_MAX */
-  size_t total = (size_t)(argc + envc) * sizeof(char *) + strlen(argv[0]) + 1;
-  for (long i = 0; i < argc; i++) {
-    size_t n = strlen(argv[i]) + 1;
-    if (n > max_arg_strlen) return 1;
+  if (limit < 32 * 4096) limit = 32 * 4096;
+  return limit;
+}
+
+/* The bytes of argv's and envp's strings; 0 when one alone is over MAX_ARG_STRLEN (128 KiB with its NUL). */
+static size_t strings_size(char **argv, long argc, char **envp, long envc, int *too_long) {
+  const size_t max_arg_strlen = 32 * 4096;
+  size_t total = 0;
+  *too_long = 0;
+  for (long i = 0; i < argc + envc; i++) {
+    size_t n = strlen(i < argc ? argv[i] : envp[i - argc]) + 1;
+    if (n > max_arg_strlen) *too_long = 1;
     total += n;
   }
-  for (long i = 0; i < envc; i++) {
-    size_t n = strlen(envp[i]) + 1;
-    if (n > max_arg_strlen) return 1;
-    total += n;
+  return total;
+}
+
+/* The gate execs only after release, too late to refuse an argv the kernel will not take: so the
+ * kernel's own limits are checked first, and such a launch is refused as E2BIG before anything
+ * starts, as the exec of a shell gate carrying the same argv would have been.
+ * Before the fork (a lower bound: the program's name as given): 1 when surely over. */
+static int surely_over_exec_limits(char **argv, long argc, char **envp, long envc) {
+  int too_long;
+  size_t total = strings_size(argv, argc, envp, envc, &too_long) + strlen(argv[0]) + 1;
+  size_t pointers = (size_t)(argc + envc) * sizeof(char *);
+  size_t room = exec_room();
+  return too_long || room <= pointers || total > room - pointers;
+}
+
+/* In the gate, after chdir (exact): the kernel also copies the file name execvpe resolves (e.g.
+ * /usr/bin/true for true), and for a #! script it drops argv[0] and adds the script's path, the
+ * interpreter's optional argument and its name (binfmt_script). 1 when that does not fit. */
+static int over_exec_limits(char **argv, long argc, char **envp, long envc) {
+  int too_long;
+  size_t strings = strings_size(argv, argc, envp, envc, &too_long);
+  size_t pointers = (size_t)(argc + envc) * sizeof(char *);
+  size_t room = exec_room();
+  if (too_long || room <= pointers) return 1;
+  room -= pointers;
+  char *file = resolve_program(argv[0], cell_path(envp));
+  if (file == NULL) return strings + strlen(argv[0]) + 1 > room;
+  size_t total = strings + strlen(file) + 1;
+  int over = total > room;
+  char buf[257];
+  int fd = over ? -1 : open(file, O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ssize_t n;
+    do n = read(fd, buf, 256);
+    while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n >= 2 && buf[0] == '#' && buf[1] == '!') {
+      buf[n] = 0;
+      char *end = strchr(buf, '\n');
+      if (end == NULL) end = buf + n;
+      *end = 0;
+      char *name = buf + 2;
+      while (*name == ' ' || *name == '\t') name++;
+      char *arg = name;
+      while (*arg != 0 && *arg != ' ' && *arg != '\t') arg++;
+      size_t name_len = (size_t)(arg - name);
+      while (*arg == ' ' || *arg == '\t') arg++;
+      size_t arg_len = strlen(arg);
+      while (arg_len > 0 && (arg[arg_len - 1] == ' ' || arg[arg_len - 1] == '\t')) arg_len--;
+      if (name_len > 0) {
+        size_t script = total - (strlen(argv[0]) + 1) + (strlen(file) + 1) + (arg_len > 0 ? arg_len + 1 : 0) + name_len + 1;
+        over = script > room;
+      }
+    }
   }
-  return total > limit;
+  if (file != argv[0]) free(file);
+  return over;
 }
 
 /* Parses one request and launches it. */
@@ -334,7 +438,7 @@ static void launch(char *frame, uint32_t len) {
   int err_pipe[2] = {-1, -1};
   int failure = 0;
   int step = STEP_CONNECT;
-  if (exceeds_exec_limits(argv, argc, envp, envc)) {
+  if (surely_over_exec_limits(argv, argc, envp, envc)) {
     free(argv);
     free(envp);
     answer_error(token, E2BIG, STEP_EXEC);
@@ -350,7 +454,7 @@ static void launch(char *frame, uint32_t len) {
   if (failure == 0) {
     pid = fork();
     if (pid < 0) failure = errno;
-    if (pid == 0) become_gate(fds, err_pipe[1], fields[1], argv, envp);
+    if (pid == 0) become_gate(fds, err_pipe[1], fields[1], argv, argc, envp, envc);
   }
   for (int i = 0; i < 3; i++)
     if (fds[i] >= 0) close(fds[i]); /* the gate holds them now; the harness must see them close */

@@ -78,7 +78,8 @@ export type GateStart = { ok: true; gate: GateProcess } | { ok: false; error: No
  * the cell is /dev/null. Exit 125 means the gate was not released (its stdin closed without "go"):
  * the cell never ran. The native launcher's gate does the same in C (native/launcher.c).
  */
-const GATE_SCRIPT = 'IFS= read -r go; [ "$go" = go ] || exit 125; exec "$@" </dev/null';
+// `read` fails at end of file even when it read "go" without a newline: that is no release either.
+const GATE_SCRIPT = 'IFS= read -r go || exit 125; [ "$go" = go ] || exit 125; exec "$@" </dev/null';
 
 /** The argv of the shell gate for a cell's argv. */
 export function gateArgv(argv: readonly string[]): string[] {

@@ -37,8 +37,8 @@ export interface CommitterHost {
   /** The owner recorded in `owner_claimed` events. */
   owner(): EventBody<"owner_claimed">;
   /**
-   * Events were folded: a batch of ours that was durable after `seconds`, or (null) events read from
-   * the log that no batch of ours covers.
+   * Events were folded, in seq order: a batch of ours that was durable after `seconds`, or (null)
+   * events read from the log to fill a gap (the batches of ours among them included).
    */
   committed(logged: readonly LogEvent[], seconds: number | null): void;
   /** A batch failed (refused, fenced, unknown outcome, or its fold threw). */
@@ -198,7 +198,10 @@ export class Committer {
     entry.resolve(entry.events === entry.caller ? logged : logged.filter((e) => e.kind !== "owner_claimed"));
   }
 
-  /** Folds the log from the projection's head, then resolves the landed batches it covers. */
+  /**
+   * Folds the log from the projection's head, shows everything read to the listeners at once (in seq
+   * order), then resolves the landed batches it covers.
+   */
   private async catchUp(): Promise<void> {
     this.catchingUp = true;
     const reducer = this.host.reducer();
@@ -211,28 +214,26 @@ export class Committer {
       failure = err;
     }
     this.catchingUp = false;
+    if (failure === null && read.length > 0) this.host.committed(read, null);
     const bySeq = new Map(read.map((e) => [e.seq, e]));
     const entries = [...this.landed.values()].sort((a, b) => a.receipt!.firstSeq - b.receipt!.firstSeq);
     this.landed.clear();
-    const covered = new Set<LogEvent>();
     for (const entry of entries) {
       const { firstSeq, lastSeq } = entry.receipt!;
-      this.fold(entry, () => {
-        if (failure !== null) throw failure;
-        const mine: LogEvent[] = [];
-        for (let seq = firstSeq; seq <= lastSeq; seq++) {
-          const e = bySeq.get(seq);
-          if (e === undefined) throw new Error(`commit receipt ${firstSeq}..${lastSeq} is not in the log read after it (head ${reducer.headSeq})`);
-          mine.push(e);
-          covered.add(e);
-        }
-        return mine;
-      });
+      this.done(entry);
+      const mine: LogEvent[] = [];
+      for (let seq = firstSeq; seq <= lastSeq && failure === null; seq++) {
+        const e = bySeq.get(seq);
+        if (e === undefined) failure = new Error(`commit receipt ${firstSeq}..${lastSeq} is not in the log read after it (head ${reducer.headSeq})`);
+        else mine.push(e);
+      }
+      if (failure !== null) {
+        this.host.failed(failure, (performance.now() - entry.t0) / 1000, entry.events.length);
+        entry.reject(failure);
+        continue;
+      }
+      entry.resolve(entry.events === entry.caller ? mine : mine.filter((e) => e.kind !== "owner_claimed"));
     }
-    // Events read that no batch of ours covers (none are expected: this owner is the one writer)
-    // are still shown to the harness's listeners.
-    const others = read.filter((e) => !covered.has(e));
-    if (others.length > 0 && failure === null) this.host.committed(others, null);
     this.send();
   }
 

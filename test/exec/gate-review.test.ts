@@ -1,6 +1,6 @@
 /**
  * An adversarial review of the native launcher's inline gate (native/launcher.c become_gate,
- * wait_for_go, run_released, exceeds_exec_limits; src/exec/launcher.ts), with real processes: "go"
+ * wait_for_go, run_released, over_exec_limits; src/exec/launcher.ts), with real processes: "go"
  * written in pieces, without its newline, with bytes after it; signals to the gate's group while it
  * waits; argv and environment at the kernel's exec limits (one byte under and over); an empty
  * environment; relative program names; what ps and /proc show; the fds the gate and the cell hold.
@@ -277,7 +277,6 @@ describe("review: the native launcher's inline gate", { skip: forcedNode ? "CAIR
 
   test(
     "a bare program name (found on PATH) with argv exactly at the limit runs or is refused up front, never a started cell that fails with E2BIG",
-    { todo: "BUG: exceeds_exec_limits (native/launcher.c:281) counts strlen(argv[0]) for the file name the kernel copies, but execvp passes the PATH-resolved name (\"/usr/bin/true\" for \"true\"), so an argv within that many bytes of the limit passes the check and the released cell then exits 126 with E2BIG" },
     async () => {
       const limit = execLimit();
       const env = { PATH };
@@ -303,7 +302,6 @@ describe("review: the native launcher's inline gate", { skip: forcedNode ? "CAIR
 
   test(
     "the same through the executor: a cmd cell [\"true\", ...] exactly at the limit is unlaunchable up front or succeeds, never an execution that ran and failed with E2BIG",
-    { todo: "BUG: a model's cmd cell keeps its bare argv[0] (launch.ts), so the launcher's check (native/launcher.c:281) undercounts by the PATH prefix and the cell is gated, released and ends as an error with exit 126 \"Argument list too long\" instead of being refused before it started" },
     async () => {
       const ex = createExecutor({ killGraceMs: 200, launcher: native! });
       const env = cellBaseEnv(process.env);
@@ -322,7 +320,6 @@ describe("review: the native launcher's inline gate", { skip: forcedNode ? "CAIR
 
   test(
     "a #! script named by path with argv exactly at the limit runs or is refused up front, never a started cell that fails with E2BIG",
-    { todo: "BUG: exceeds_exec_limits (native/launcher.c:275) checks the argv as given, but the kernel runs a #! script with the interpreter's name and the script's path added (binfmt_script), so a script cell within those bytes of the limit passes the check and exits 126 (E2BIG) after release; the shell gate's own larger exec used to refuse it up front" },
     async () => {
       const script = join(tmp.dir, "edge-script");
       writeFileSync(script, "#!/bin/sh\nexit 0\n");
@@ -367,7 +364,6 @@ describe("review: the native launcher's inline gate", { skip: forcedNode ? "CAIR
     "an empty environment: a bare name is searched on the same default PATH as the shell gate's `exec` (Node's spawn), so a cell runs the same under both launchers",
     {
       skip: sbinOnly === undefined ? "no program found only in an sbin or local directory" : false,
-      todo: "BUG: run_released (native/launcher.c:221) uses glibc execvp, whose default PATH without one in the environment is /bin:/usr/bin, while the shell gate it replaces (dash) searches /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; a cell naming an sbin program with no PATH runs under Node's spawn and exits 127 under the native gate",
     },
     async () => {
       const viaShell = await start(nodeLauncher, [...sbinOnly!], {});
@@ -438,7 +434,6 @@ describe("review: the native launcher's inline gate", { skip: forcedNode ? "CAIR
 describe("review: the shell gate of Node's spawn, beside the native one", () => {
   test(
     '"go" without its newline, then end of file: exit 125, nothing ran (as the native gate)',
-    { todo: "BUG: GATE_SCRIPT (src/exec/launcher.ts:81) runs `IFS= read -r go; [ \"$go\" = go ] || exit 125`: at end of file `read` fails but still sets go=go, so the shell gate runs the cell on \"go\" without a newline, where the native gate exits 125" },
     async () => {
       const marker = join(tmp.dir, "shell-no-newline");
       const s = await start(nodeLauncher, ["touch", marker]);

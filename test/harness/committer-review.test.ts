@@ -310,7 +310,6 @@ describe("review: the committer against a simulated grouping adapter", () => {
 
   it(
     "events read in a catch-up (a receipt that continues nothing) reach the followers in seq order",
-    { todo: "BUG: Committer.catchUp (src/harness/committer.ts:218-235) shows each landed batch's events to the followers first and the events read that no batch covers last, so a follower sees seqs 3,4 then 1,2; follow() promises batches in order" },
     async () => {
       const db = new SimDb();
       const reducer = new Reducer();
