@@ -28,6 +28,46 @@ export const logCases: ConformanceCase[] = [
     },
   },
   {
+    id: "log.concurrent-commits",
+    name: "concurrent commits each get their own receipt, in call order, and fail alone (Database.groupsCommits or not)",
+    async run({ target, reopen, name }) {
+      const owner = await Owner.open(target.storage, name, false);
+      const db = owner.db;
+      await db.commit([sessionCreated("s1")]);
+      // Sent without waiting, as the harness does on an adapter that groups commits: one batch
+      // repeats an identity of an earlier one in flight, another repeats one already in the log.
+      const batches: NewEvent[][] = Array.from({ length: 12 }, (_, i) => inboxBatch("s1", `c${i}`, 1 + (i % 3)));
+      batches[5] = [inbox("s1", "c5-own"), batches[2]![0]!];
+      batches[9] = [sessionCreated("s1")];
+      const settled = await Promise.allSettled(batches.map((b) => db.commit(b)));
+      for (const i of [5, 9]) {
+        const r = settled[i]!;
+        assert.equal(r.status, "rejected", `batch ${i} repeats an identity`);
+        if (r.status === "rejected") hasError("rejected", "duplicate_identity")(r.reason);
+      }
+      let next = 2;
+      const expected: string[] = [sessionCreated("s1").identity];
+      settled.forEach((r, i) => {
+        if (i === 5 || i === 9) return;
+        assert.equal(r.status, "fulfilled", `batch ${i} has distinct identities`);
+        if (r.status !== "fulfilled") return;
+        assert.deepEqual(r.value, { firstSeq: next, lastSeq: next + batches[i]!.length - 1 }, `batch ${i}: contiguous, in call order`);
+        next += batches[i]!.length;
+        expected.push(...batches[i]!.map((e) => e.identity));
+      });
+      assert.equal(await db.head(), next - 1);
+      assert.deepEqual((await db.read()).map((e) => e.identity), expected);
+      if (reopen) {
+        await db.close();
+        const again = await target.storage.open(name);
+        assert.deepEqual((await again.read()).map((e) => e.identity), expected, "the same after reopening");
+        await again.close();
+      } else {
+        await db.close();
+      }
+    },
+  },
+  {
     id: "log.atomic-batch",
     name: "a batch with one duplicate identity writes none of it (atomic batch)",
     async run({ target, reopen, name }) {

@@ -135,13 +135,15 @@ class TinyDatabase implements Database {
       this.db.log.push(JSON.stringify({ ...e, seq: this.db.log.length + 1 }));
       this.db.ids.add(e.identity);
     }
+    // Taken before any await: a concurrent commit may append meanwhile.
+    const lastSeq = this.db.log.length;
     try {
       await this.faults?.("commit:after-durable");
     } catch (cause) {
       this.poisoned = true;
       throw lostAcknowledgement(this.name, cause);
     }
-    return { firstSeq, lastSeq: this.db.log.length };
+    return { firstSeq, lastSeq };
   }
 
   async head(): Promise<number> {
