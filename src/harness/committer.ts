@@ -189,12 +189,13 @@ export class Committer {
     let logged: readonly LogEvent[];
     try {
       logged = apply();
+      this.host.committed(logged, (performance.now() - entry.t0) / 1000);
     } catch (err) {
+      // The fold or what follows it threw (a bug): the caller hears of it, never a hang.
       this.host.failed(err, (performance.now() - entry.t0) / 1000, entry.events.length);
       entry.reject(err);
       return;
     }
-    this.host.committed(logged, (performance.now() - entry.t0) / 1000);
     entry.resolve(entry.events === entry.caller ? logged : logged.filter((e) => e.kind !== "owner_claimed"));
   }
 
@@ -214,7 +215,13 @@ export class Committer {
       failure = err;
     }
     this.catchingUp = false;
-    if (failure === null && read.length > 0) this.host.committed(read, null);
+    if (failure === null && read.length > 0) {
+      try {
+        this.host.committed(read, null);
+      } catch (err) {
+        failure = err;
+      }
+    }
     const bySeq = new Map(read.map((e) => [e.seq, e]));
     const entries = [...this.landed.values()].sort((a, b) => a.receipt!.firstSeq - b.receipt!.firstSeq);
     this.landed.clear();

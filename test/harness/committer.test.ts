@@ -160,6 +160,35 @@ describe("the harness's committer", () => {
     assert.deepEqual(h.committed.flat().map((e) => e.seq).sort(), [1, 2, 3, 4], "the events read are shown to the listeners too");
   });
 
+  it("a listener that throws after a fold rejects that caller (never a hang), and later commits go on", async () => {
+    const { db, sent } = fakeDb(true);
+    const reducer = new Reducer();
+    const failures: unknown[] = [];
+    let throwOnce = true;
+    const committer = new Committer({
+      db,
+      reducer: () => reducer,
+      assertOpen: () => undefined,
+      owner: () => OWNER,
+      committed: () => {
+        if (throwOnce) {
+          throwOnce = false;
+          throw new Error("a listener's bug");
+        }
+      },
+      failed: (err) => failures.push(err),
+    });
+    const first = committer.commit([created("a")]);
+    const second = committer.commit([created("b")]);
+    await tick();
+    sent[0]!.resolve(receipt(sent[0]!, 1));
+    sent[1]!.resolve(receipt(sent[1]!, 3));
+    await assert.rejects(first, /a listener's bug/);
+    assert.deepEqual((await second).map((e) => e.seq), [3]);
+    assert.equal(failures.length, 1);
+    await committer.settled();
+  });
+
   it("settled() waits for what is in flight, and refuses what waits once the harness stopped", async () => {
     const { db, sent } = fakeDb(false);
     let open = true;
