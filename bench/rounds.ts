@@ -30,7 +30,6 @@ import { pathToFileURL } from "node:url";
 import BetterSqlite3 from "better-sqlite3";
 import { Etcd3 } from "etcd3";
 import { Harness } from "../src/harness/harness.js";
-import type { Model, ModelReply, ModelRequest } from "../src/model/contract.js";
 import { event, identity, turnId, type LogEvent, type NewEvent } from "../src/state/events.js";
 import { Reducer } from "../src/state/reducer.js";
 import { encodeSnapshot } from "../src/state/snapshot.js";
@@ -39,27 +38,12 @@ import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
 import { tagBatches } from "../chaos/support/tagging.js";
+import { LoopModel } from "../chaos/support/loop-model.js";
+
+export { LoopModel };
 
 const run = promisify(execFile);
 
-/** A model that adds one `true` cell per round (removing the previous one) and concludes after `rounds`. */
-export class LoopModel implements Model {
-  readonly name = "bench-loop";
-  constructor(private readonly rounds: number) {}
-
-  async step(req: ModelRequest): Promise<ModelReply> {
-    const s = req.state;
-    const next = s.runtime.next_cell_id;
-    const ops: unknown[] = [{ op: "test", path: "/revision", value: s.revision }];
-    for (let i = s.cells.length - 1; i >= 0; i--) ops.push({ op: "remove", path: `/cells/${i}` });
-    if (s.runtime.usage.rounds > this.rounds) {
-      ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "note", text: "done", role: "conclusion", result: "success" } });
-    } else {
-      ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "cmd", argv: ["true"] } });
-    }
-    return { patch: ops, usage: { input_tokens: 1, output_tokens: 1 } };
-  }
-}
 
 interface Backend {
   readonly name: "sqlite" | "replicated";

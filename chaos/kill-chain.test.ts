@@ -22,23 +22,13 @@ import { cleanupProcesses, describe as said, runCairn } from "./support/cli.js";
 import { endedByConclusion } from "./support/checks.js";
 import { startFakeOpenAI, type FakeOpenAI } from "./support/fake-openai.js";
 import { brief, finishesOf, ofKind, readLog, startsOf } from "./support/log.js";
+import { rng } from "./nemesis/rng.js";
 
 const DB = "chaos";
 const CELLS = 3;
 const MAX_KILLS = 5;
 const root = mkdtempSync(join(tmpdir(), "cairn-chaos-chain-"));
 
-/** mulberry32: a small seeded generator. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** The model's policy: a pure function of the State (see the module comment). */
 function decide(state: State): unknown[] {

@@ -443,17 +443,27 @@ let chosen: GateLauncher | null = null;
  */
 export function gateLauncher(): GateLauncher {
   if (chosen === null) {
-    const asked = process.env["CAIRN_LAUNCHER"] ?? "";
-    if (asked !== "" && asked !== "node" && asked !== "native") {
-      throw new ConfigError(`CAIRN_LAUNCHER=${JSON.stringify(asked).slice(0, 80)} is not a launcher: set it to "node" (Node's spawn) or "native" (build/cairn-launcher, the default when built), or unset it`);
-    }
-    const path = asked === "node" ? null : nativeLauncherPath();
-    if (asked === "native" && path === null) {
-      throw new ConfigError("CAIRN_LAUNCHER=native, but build/cairn-launcher was not found: build it with `node scripts/build-launcher.mjs` (it needs a C compiler), or unset CAIRN_LAUNCHER to use Node's spawn");
-    }
+    const path = chooseLauncher(process.env["CAIRN_LAUNCHER"], nativeLauncherPath());
     chosen = path === null ? nodeLauncher : new NativeLauncher(path);
   }
   return chosen;
+}
+
+/**
+ * Which launcher `CAIRN_LAUNCHER` (`asked`) selects, given the native one found at `found` (null:
+ * not built): the path to use, or null for Node's spawn. Throws ConfigError for a value that is not
+ * `node` or `native`, and for `native` when it was not built.
+ */
+export function chooseLauncher(asked: string | undefined, found: string | null): string | null {
+  const value = asked ?? "";
+  if (value !== "" && value !== "node" && value !== "native") {
+    throw new ConfigError(`CAIRN_LAUNCHER=${JSON.stringify(value).slice(0, 80)} is not a launcher: set it to "node" (Node's spawn) or "native" (build/cairn-launcher, the default when built), or unset it`);
+  }
+  if (value === "node") return null;
+  if (value === "native" && found === null) {
+    throw new ConfigError("CAIRN_LAUNCHER=native, but build/cairn-launcher was not found: build it with `node scripts/build-launcher.mjs` (it needs a C compiler), or unset CAIRN_LAUNCHER to use Node's spawn");
+  }
+  return found;
 }
 
 /** A launcher of its own (for tests): the native one at `path`. */

@@ -2,6 +2,7 @@
  * Shared helpers for the executor tests: a temp dir, an output collector and a liveness check.
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { LaunchSpec } from "../../src/exec/executor.js";
@@ -73,4 +74,20 @@ export function comm(pid: number): string | null {
   } catch (_err) {
     return null;
   }
+}
+
+/**
+ * Connects to the abstract socket `name` (a launcher's harness end), writes `payload`, and resolves
+ * true once the other end closes the connection, false when it is still open after 60 s.
+ */
+export function closedAfterWriting(name: string, payload: string): Promise<boolean> {
+  return new Promise<boolean>((resolve) => {
+    const s = connect(`\0${name}`, () => s.write(payload));
+    s.on("error", () => resolve(true));
+    s.on("close", () => resolve(true));
+    setTimeout(() => {
+      s.destroy();
+      resolve(false);
+    }, 60_000);
+  });
 }

@@ -18,7 +18,7 @@ import { after, describe, test } from "node:test";
 import { createExecutor, type Executor, type GatedLaunch, type LaunchSpec, type Prepared } from "../../src/exec/executor.js";
 import { createNativeLauncher, type GateLauncher, nativeLauncherPath } from "../../src/exec/launcher.js";
 import { readProcStat } from "../../src/exec/procfs.js";
-import { collector, comm, isAlive, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
+import { closedAfterWriting, collector, comm, isAlive, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
 
 const tmp = tempDir("cairn-launcher-review-");
 const groups: number[] = [];
@@ -277,16 +277,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
     const first = gated(await ex.prepare(spec(["true"])));
     const launcher = launcherOf(first.identity.pid);
     const name = readFileSync(`/proc/${launcher}/cmdline`, "utf8").split("\0")[1] ?? "";
-    const closedAfter = (payload: string): Promise<boolean> =>
-      new Promise<boolean>((resolve) => {
-        const s = connect(`\0${name}`, () => s.write(payload));
-        s.on("error", () => resolve(true));
-        s.on("close", () => resolve(true));
-        setTimeout(() => {
-          s.destroy();
-          resolve(false);
-        }, 60_000);
-      });
+    const closedAfter = (payload: string): Promise<boolean> => closedAfterWriting(name, payload);
     assert.ok(await closedAfter("x".repeat(300)), "over-long line without a newline");
     assert.ok(await closedAfter(`${randomBytes(16).toString("hex")} 0\n`), "unknown token");
     assert.ok(await closedAfter("garbage\n"), "garbage line");

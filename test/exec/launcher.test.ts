@@ -7,13 +7,13 @@
 import assert from "node:assert/strict";
 import { execa } from "execa";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
-import { connect } from "node:net";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { createExecutor, type GatedLaunch, type LaunchSpec, type Prepared } from "../../src/exec/executor.js";
-import { createNativeLauncher, decodeWaitStatus, gateLauncher, nativeLauncherPath } from "../../src/exec/launcher.js";
+import { chooseLauncher, createNativeLauncher, decodeWaitStatus, gateLauncher, nativeLauncherPath } from "../../src/exec/launcher.js";
+import { ConfigError } from "../../src/errors.js";
 import { liveGroupMembers, readProcStat } from "../../src/exec/procfs.js";
-import { collector, comm, isAlive, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
+import { closedAfterWriting, collector, comm, isAlive, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
 
 const tmp = tempDir("cairn-launcher-");
 const groups: number[] = [];
@@ -43,6 +43,15 @@ describe("choosing the launcher", () => {
     const code = 'import("./src/exec/launcher.ts").then((m) => { try { m.gateLauncher(); console.log("accepted"); } catch (e) { console.log(e.name + ": " + e.message); } })';
     const r = await execa(process.execPath, ["--import", "tsx", "-e", code], { env: { CAIRN_LAUNCHER: "nativ" }, reject: false, timeout: 180_000 });
     assert.match(r.stdout, /^ConfigError: CAIRN_LAUNCHER="nativ" is not a launcher: set it to "node" .* or "native"/);
+  });
+
+  test("CAIRN_LAUNCHER=native requires the launcher; node forces Node's spawn; unset uses the launcher when built", () => {
+    assert.throws(() => chooseLauncher("native", null), (err: unknown) => err instanceof ConfigError && /CAIRN_LAUNCHER=native, but build\/cairn-launcher was not found/.test(err.message));
+    assert.equal(chooseLauncher("native", "/x/cairn-launcher"), "/x/cairn-launcher");
+    assert.equal(chooseLauncher("node", "/x/cairn-launcher"), null);
+    assert.equal(chooseLauncher(undefined, "/x/cairn-launcher"), "/x/cairn-launcher");
+    assert.equal(chooseLauncher("", null), null, "not built: Node's spawn");
+    assert.throws(() => chooseLauncher("Native", "/x/cairn-launcher"), ConfigError);
   });
 });
 
@@ -86,15 +95,7 @@ describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node'
     const launcherPid = readProcStat(g.identity.pid)?.ppid ?? 0;
     const name = readFileSync(`/proc/${launcherPid}/cmdline`, "utf8").split("\0")[1] ?? "";
     assert.match(name, /^cairn-launcher-\d+-[0-9a-f]+$/);
-    const closed = await new Promise<boolean>((resolve) => {
-      const s = connect(`\0${name}`, () => s.write(`${"0".repeat(32)} 1\n`));
-      s.on("error", () => resolve(true));
-      s.on("close", () => resolve(true));
-      setTimeout(() => {
-        s.destroy();
-        resolve(false);
-      }, 60_000);
-    });
+    const closed = await closedAfterWriting(name, `${"0".repeat(32)} 1\n`);
     assert.ok(closed, "the stranger's connection was closed");
     g.release();
     assert.equal((await g.done).result, "success");
@@ -112,15 +113,7 @@ describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node'
     const g = gated(await ex.prepare(spec(["true"])));
     const launcherPid = readProcStat(g.identity.pid)?.ppid ?? 0;
     const name = readFileSync(`/proc/${launcherPid}/cmdline`, "utf8").split("\0")[1] ?? "";
-    const closed = await new Promise<boolean>((resolve) => {
-      const s = connect(`\0${name}`, () => s.write("0123")); // part of a tag, never the newline
-      s.on("error", () => resolve(true));
-      s.on("close", () => resolve(true));
-      setTimeout(() => {
-        s.destroy();
-        resolve(false);
-      }, 60_000);
-    });
+    const closed = await closedAfterWriting(name, "0123"); // part of a tag, never the newline
     assert.ok(closed, "the silent connection was closed");
     g.release();
     assert.equal((await g.done).result, "success");

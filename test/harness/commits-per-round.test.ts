@@ -9,28 +9,11 @@ import { test } from "node:test";
 import { join } from "node:path";
 import type { NewEvent } from "../../src/state/events.js";
 import { Harness } from "../../src/harness/harness.js";
-import type { Model, ModelReply, ModelRequest } from "../../src/model/contract.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { tagBatches } from "../../chaos/support/tagging.js";
+import { LoopModel } from "../../chaos/support/loop-model.js";
 import { tempDir } from "./support.js";
 
-/** Adds one `true` cell per round (removing the previous one), concludes after `rounds`. */
-class LoopModel implements Model {
-  readonly name = "loop";
-  constructor(private readonly rounds: number) {}
-  async step(req: ModelRequest): Promise<ModelReply> {
-    const s = req.state;
-    const ops: unknown[] = [{ op: "test", path: "/revision", value: s.revision }];
-    for (let i = s.cells.length - 1; i >= 0; i--) ops.push({ op: "remove", path: `/cells/${i}` });
-    const id = s.runtime.next_cell_id;
-    ops.push(
-      s.runtime.usage.rounds > this.rounds
-        ? { op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "note", text: "done", role: "conclusion", result: "success" } }
-        : { op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "cmd", argv: ["true"] } },
-    );
-    return { patch: ops, usage: { input_tokens: 1, output_tokens: 1 } };
-  }
-}
 
 test("a round with one `true` cell takes at most 3 commits, and `started` is committed alone", async (t) => {
   const tmp = tempDir("cairn-commits-");

@@ -27,7 +27,6 @@ import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { Committer } from "../../src/harness/committer.js";
 import { Harness } from "../../src/harness/harness.js";
-import type { Model, ModelReply, ModelRequest } from "../../src/model/contract.js";
 import { event, identity, parseLogEvent, type LogEvent, type NewEvent } from "../../src/state/events.js";
 import { sessionCreated } from "../../src/state/outcomes.js";
 import { Reducer } from "../../src/state/reducer.js";
@@ -38,23 +37,14 @@ import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { passThrough, passThroughStorage } from "../../chaos/support/passthrough.js";
 import { devCluster, tempDir } from "../replicated/helpers.js";
 import { exitAfterTests } from "../support/exit.js";
+import { LoopModel } from "../../chaos/support/loop-model.js";
+import { rng } from "../../chaos/nemesis/rng.js";
 
 const AT = "2026-12-04T00:00:00.000Z";
 const EPOCH = 7;
 const OWNER = { epoch: EPOCH, host: "h", boot_id: "b", pid: 1 };
 const HANG = 120_000;
 
-/** A deterministic PRNG (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const created = (s: string): NewEvent => sessionCreated(s, { goal: "g", cwd: "/" }, AT);
 const refusal = (s: string, n: number): NewEvent => event("post_refused", s, identity.postRefused(s, n), AT, { id: `m${n}`, kind: "note", code: "invalid", reason: "r" });
@@ -337,23 +327,6 @@ describe("review: the committer against a simulated grouping adapter", () => {
 // ---------------------------------------------------------------------------------------------
 // On a real replicated dev cluster.
 
-/** Adds one `true` cell per round (removing the previous one), concludes after `rounds`. */
-class LoopModel implements Model {
-  readonly name = "review-loop";
-  constructor(private readonly rounds: number) {}
-  async step(req: ModelRequest): Promise<ModelReply> {
-    const s = req.state;
-    const ops: unknown[] = [{ op: "test", path: "/revision", value: s.revision }];
-    for (let i = s.cells.length - 1; i >= 0; i--) ops.push({ op: "remove", path: `/cells/${i}` });
-    const id = s.runtime.next_cell_id;
-    ops.push(
-      s.runtime.usage.rounds > this.rounds
-        ? { op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "note", text: "done", role: "conclusion", result: "success" } }
-        : { op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "cmd", argv: ["true"] } },
-    );
-    return { patch: ops, usage: { input_tokens: 1, output_tokens: 1 } };
-  }
-}
 
 /** A storage whose databases count how many commits are in flight at once (the most seen). */
 function counting(storage: Storage): { storage: Storage; maxInFlight: () => number; inFlight: () => number; commits: () => number; refused: string[] } {
