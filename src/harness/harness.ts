@@ -258,9 +258,13 @@ export class Harness {
     this.statusValue = "closed";
     await this.shutdown("shutdown");
     if (wasOpen) this.listeners.stopped(this.statusValue, this.stopError);
-    // Already stopped (fenced, poisoned, lease lost while cut off): a write in flight may wait for a
-    // quorum this process cannot reach, so close waits for it only a moment.
-    await settleWithin(Promise.all([this.committer.settled(), this.snapshotter.settled()]), wasOpen ? Infinity : 250);
+    // A write in flight may wait for a quorum this process cannot reach (the cluster is out of reach
+    // and commits wait for it): close waits for it at most one lease length (the lease was given up
+    // when the drivers stopped, so its loss cannot end the wait), and only a moment when the harness
+    // had already stopped (fenced, poisoned, lease lost). Its outcome no longer matters here: the next
+    // owner reads it from the log. A healthy storage settles it in milliseconds.
+    const inFlight = Promise.all([this.committer.settled(), this.snapshotter.settled()]);
+    await settleWithin(inFlight, wasOpen ? (this.db.lease?.ttlMs ?? Infinity) : 250);
     await this.db.close().catch(() => undefined);
   }
 

@@ -251,12 +251,13 @@ export class ReplicatedDatabase implements Database {
     if (this.closed) return;
     this.closed = true;
     this.listeners.clear();
-    // A commit in flight is waited for, unless this handle is fenced or its lease lost: then its
-    // outcome no longer matters here (the next owner reads the truth), and it may be waiting for a
-    // quorum this process cannot reach.
+    // A commit in flight is waited for while this handle holds its lease (not fenced, not lost, not
+    // given up by a harness that stopped), and no longer: then its outcome no longer matters here
+    // (the next owner reads the truth), and it may be waiting for a quorum this process cannot reach
+    // (the lease is lost within a lease length of that).
     const shutdown = this.pipeline.shutdown();
-    if (this.fencedBy === null && !this.lease.isLost()) await shutdown;
-    else void shutdown.catch(() => undefined);
+    void shutdown.catch(() => undefined);
+    if (this.fencedBy === null && this.lease.held()) await untilSettledOrLost(shutdown, this.lease);
     // Bounded: a silent member is not waited for (watch.ts, lease.ts).
     await Promise.all(this.watchers.map((w) => w.cancel().catch(() => undefined)));
     await this.lease.release();
@@ -311,3 +312,15 @@ export class ReplicatedDatabase implements Database {
   private notify(signal: DatabaseSignal): void {
     this.listeners.notify(signal);
   }}
+
+/** Resolves when `work` settles or `lease` is lost, whichever comes first. Never rejects. */
+function untilSettledOrLost(work: Promise<unknown>, lease: ReplicatedLease): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const off = lease.onLost(() => resolve());
+    const done = () => {
+      off();
+      resolve();
+    };
+    work.then(done, done);
+  });
+}
