@@ -9,7 +9,9 @@
  * - for 1, 8 and 64 sessions in one process: ms per round (one session's wall time / its rounds),
  *   rounds/s in total, commits per round, harness CPU per round (process.cpuUsage(): this process
  *   only; etcd runs in its own processes; the cell launcher's forks are its own too), and the
- *   ratios to the floor; after one unmeasured 20-round warm-up run per adapter;
+ *   ratios to the floor; after one unmeasured 20-round warm-up run per adapter; beside the harness
+ *   CPU, the floor's own CPU per round in this process (the client side of its three raw commits and
+ *   of its spawn: on replicated, mostly the etcd client library, which the harness pays too);
  * - resume: Harness.open + resume() of databases of 10k, 100k and 1M events after a snapshot
  *   (sqlite; replicated with an empty data dir, the rebuild of the local copy included), beside the
  *   read + fold of the whole log without a snapshot; and etcd's database size after compaction and
@@ -121,6 +123,7 @@ interface RoundStats {
 
 /** The floor: `sessions` loops at once, each doing `rounds` x (3 raw commits + spawn of `true`). */
 async function floor(backend: Backend, sessions: number, rounds: number): Promise<RoundStats> {
+  const cpu0 = process.cpuUsage();
   const t0 = performance.now();
   await Promise.all(
     Array.from({ length: sessions }, async (_, loop) => {
@@ -131,7 +134,8 @@ async function floor(backend: Backend, sessions: number, rounds: number): Promis
     }),
   );
   const ms = performance.now() - t0;
-  return { msPerRound: ms / rounds, roundsPerSecond: (sessions * rounds * 1000) / ms, commitsPerRound: 3, cpuMsPerRound: Number.NaN };
+  const cpu = process.cpuUsage(cpu0);
+  return { msPerRound: ms / rounds, roundsPerSecond: (sessions * rounds * 1000) / ms, commitsPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / (sessions * rounds) };
 }
 
 /** `sessions` runs of `rounds` rounds each, in one Harness. */
@@ -166,12 +170,12 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
   // round of a 100-round run on this machine).
   await harnessRounds(backend, dir, 1, 20, "warmup");
   console.log("(after an unmeasured 20-round warm-up run: the cell launcher started, the code compiled)");
-  console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  harness CPU ms/round");
+  console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  harness CPU ms/round  floor CPU ms/round");
   for (const sessions of sessionCounts) {
     const f = await floor(backend, sessions, sessions >= 64 ? Math.max(10, Math.floor(rounds / 4)) : rounds);
     const h = await harnessRounds(backend, dir, sessions, rounds);
     console.log(
-      `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)}`,
+      `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)}`,
     );
   }
 }
