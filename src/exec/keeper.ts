@@ -16,11 +16,15 @@
  * the owner did not clear are killed at the deadline too, so same-host recovery still finds the
  * survivors of a crash until then, as before. An owner that stops its cells itself clears them.
  *
+ * A cell can reach its keeper (same user): stopped (SIGSTOP), it is continued at the owner's next
+ * beat; killed, the owner starts a new one and hands it every group it still holds.
+ *
  * The keeper adds liveness to the lease, never safety: fencing is the epoch, whatever the clocks.
  * Its deadline is measured on this machine's monotonic clock only, from a remaining time the owner
  * computed with a margin below the lease's real expiry.
  */
 import { spawn, type ChildProcess } from "node:child_process";
+import { readProcStat } from "./procfs.js";
 
 /** The keeper program (plain JavaScript, run by this Node with `-e`): reads commands, one per line. */
 const KEEPER_SCRIPT = String.raw`
@@ -82,6 +86,11 @@ export class CellKeeper {
   private closed = false;
   /** Drops not sent yet (see drop). */
   private dropped = "";
+  /** The groups the keeper holds for this owner (pgid to leader start time), to hand to a new keeper. */
+  private readonly held = new Map<number, string>();
+  /** Keepers started, the first included (tests), and when the last one started. */
+  private started = 0;
+  private lastStart = Number.NEGATIVE_INFINITY;
 
   /**
    * @param remainingMs how long the owner's lease is still sure to be held (0: lost or released).
@@ -95,8 +104,9 @@ export class CellKeeper {
   /** Holds `pgid` (leader started at `startTime`, as /proc reports it) to the lease. Starts the keeper on first use. */
   add(pgid: number, startTime: string): void {
     if (this.closed || !Number.isInteger(pgid) || pgid <= 1) return;
-    this.ensure();
-    this.send(`add ${pgid} ${startTime}`);
+    this.held.set(pgid, startTime);
+    if (this.child === null) this.ensure();
+    else this.send(`add ${pgid} ${startTime}`);
   }
 
   /**
@@ -106,6 +116,7 @@ export class CellKeeper {
    * pid is never signalled (the leader's start time is checked).
    */
   drop(pgid: number): void {
+    this.held.delete(pgid);
     if (this.child !== null) this.dropped += `drop ${pgid}\n`;
   }
 
@@ -117,6 +128,7 @@ export class CellKeeper {
     if (this.closed) return;
     this.closed = true;
     if (this.beat !== null) clearInterval(this.beat);
+    if (stoppedItsCells) this.held.clear();
     if (this.child === null) return;
     if (stoppedItsCells) this.send("clear");
     else this.sendBeat();
@@ -128,24 +140,63 @@ export class CellKeeper {
     return this.child?.pid ?? null;
   }
 
+  /** How many keepers this owner started, the first included (tests). */
+  get keepersStarted(): number {
+    return this.started;
+  }
+
+  /** Starts a keeper and hands it the lease deadline and every group held. */
   private ensure(): void {
-    if (this.child !== null) return;
+    if (this.child !== null || this.closed) return;
     const child = spawn(process.execPath, ["-e", KEEPER_SCRIPT, "cairn-keeper", this.label], {
       detached: true,
       stdio: ["pipe", "ignore", "ignore"],
       env: { PATH: process.env.PATH ?? "/usr/bin:/bin" },
     });
+    this.started++;
+    this.lastStart = performance.now();
     child.on("error", () => undefined);
+    child.on("exit", () => this.keeperExited(child));
     child.stdin?.on("error", () => undefined);
     child.unref();
     (child.stdin as unknown as { unref?: () => void } | null)?.unref?.();
     this.child = child;
+    this.dropped = "";
     this.sendBeat();
-    this.beat = setInterval(() => this.sendBeat(), KEEPER_BEAT_MS);
-    this.beat.unref();
+    for (const [pgid, start] of this.held) this.send(`add ${pgid} ${start}`);
+    if (this.beat === null) {
+      this.beat = setInterval(() => this.sendBeat(), KEEPER_BEAT_MS);
+      this.beat.unref();
+    }
+  }
+
+  /**
+   * A keeper that exits while its owner runs was killed (a cell can signal it) or failed to start:
+   * the groups it held would be unguarded, so a new keeper takes them over at once.
+   */
+  private keeperExited(child: ChildProcess): void {
+    if (this.child !== child) return;
+    this.child = null;
+    if (this.closed || this.held.size === 0) return;
+    // At once, unless the last one started less than a second ago (one that keeps dying must not spin).
+    const wait = Math.max(0, this.lastStart + 1000 - performance.now());
+    if (wait === 0) this.ensure();
+    else setTimeout(() => this.ensure(), wait).unref();
   }
 
   private sendBeat(): void {
+    const pid = this.child?.pid;
+    // A stopped keeper (a cell can send it SIGSTOP) would miss its deadline: continue it.
+    if (pid !== undefined && this.held.size > 0) {
+      const state = readProcStat(pid)?.state;
+      if (state === "T" || state === "t") {
+        try {
+          process.kill(pid, "SIGCONT");
+        } catch {
+          // gone meanwhile: keeperExited starts another
+        }
+      }
+    }
     this.send(`beat ${Math.max(0, Math.floor(this.remainingMs()))}`);
   }
 

@@ -4,7 +4,8 @@
  * SIGSTOP, killed with SIGKILL, or closes. The keeper must kill the cell's group at the owner's lease
  * deadline when the owner cannot (frozen, dead), not before it (same-host recovery still finds the
  * survivor of a crash until then), never when the owner says it stopped its cells itself, and never
- * a group whose leader's start time is not the one it was given (a recycled pid).
+ * a group whose leader's start time is not the one it was given (a recycled pid). A cell can reach
+ * its keeper: a stopped keeper is continued, a killed one replaced, and the cell is still held.
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
@@ -38,6 +39,7 @@ createInterface({ input: process.stdin }).on("line", (line) => {
   if (line === "close-clear") keeper.close(true);
   if (line === "close-keep") keeper.close(false);
   if (line === "add-wrong") keeper.add(cell.pid, "1");
+  if (line === "pid") console.log("keeper " + keeper.pid + " " + keeper.keepersStarted);
   console.log("done " + line);
 });
 `;
@@ -66,7 +68,17 @@ after(() => {
   }
 });
 
-async function owner(remainingMs: number): Promise<{ child: ChildProcess; cell: number; keeper: number; say: (line: string) => Promise<void> }> {
+/** The process state letter from /proc (T: stopped), or null when gone. */
+const procState = (pid: number): string | null => {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3);
+  } catch {
+    return null;
+  }
+};
+
+async function owner(remainingMs: number): Promise<{ child: ChildProcess; cell: number; keeper: number; say: (line: string) => Promise<void>; keeperNow: () => Promise<{ pid: number; started: number }> }> {
   const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", OWNER, String(remainingMs)], { stdio: ["pipe", "pipe", "inherit"] });
   spawned.push(child);
   const lines: string[] = [];
@@ -80,8 +92,16 @@ async function owner(remainingMs: number): Promise<{ child: ChildProcess; cell: 
     cell: cell!,
     keeper: keeper!,
     say: async (line) => {
+      const seen = lines.filter((l) => l === `done ${line}`).length;
       child.stdin!.write(`${line}\n`);
-      await until(`the owner's answer to ${line}`, () => lines.includes(`done ${line}`), 60_000);
+      await until(`the owner's answer to ${line}`, () => lines.filter((l) => l === `done ${line}`).length > seen, 60_000);
+    },
+    keeperNow: async () => {
+      const seen = lines.filter((l) => l === "done pid").length;
+      child.stdin!.write("pid\n");
+      await until("the owner's answer to pid", () => lines.filter((l) => l === "done pid").length > seen, 60_000);
+      const [, pid, started] = lines.filter((l) => l.startsWith("keeper ")).at(-1)!.split(" ").map(Number);
+      return { pid: pid!, started: started! };
     },
   };
 }
@@ -120,6 +140,35 @@ describe("cell keeper", () => {
     await o.say("close-keep");
     await until("the kept cell to be killed at the deadline", () => !alive(o.cell), 60_000);
     await until("the keeper to exit", () => !alive(o.keeper), 30_000);
+  });
+
+  it("a keeper stopped by a cell (SIGSTOP) is continued by its owner, and still kills the cell when the owner freezes", async () => {
+    const o = await owner(1500);
+    process.kill(o.keeper, "SIGSTOP");
+    // The stop takes effect when the keeper is next scheduled: look only after that (the owner
+    // continues it within one beat, 250 ms; without that it stays stopped and the wait below fails).
+    await sleep(1000);
+    await until("the stopped keeper to be continued", () => procState(o.keeper) !== "T" && procState(o.keeper) !== "t", 60_000);
+    assert.ok(alive(o.cell), "the cell still runs while its owner beats");
+    o.child.kill("SIGSTOP");
+    await until("the frozen owner's cell to be killed by the continued keeper", () => !alive(o.cell), 60_000);
+    o.child.kill("SIGKILL");
+  });
+
+  it("a keeper killed by a cell (SIGKILL) is replaced, and the new one holds the cell to the lease", async () => {
+    const o = await owner(1500);
+    process.kill(o.keeper, "SIGKILL");
+    const next = await until("a new keeper", async () => {
+      const k = await o.keeperNow();
+      return k.pid !== o.keeper && k.started === 2 && alive(k.pid) ? k : undefined;
+    }, 60_000);
+    await sleep(2500); // the new keeper got the lease's deadline and renewals: the cell lives on
+    assert.ok(alive(o.cell), "the cell outlives one lease length while its owner beats");
+    o.child.kill("SIGSTOP");
+    await until("the frozen owner's cell to be killed by the new keeper", () => !alive(o.cell), 60_000);
+    assert.ok(alive(next.pid), "the new keeper stays while its owner's pipe is open");
+    o.child.kill("SIGKILL");
+    await until("the new keeper to exit once the owner is gone", () => !alive(next.pid), 60_000);
   });
 
   it("never signals a group whose leader started at another time (a recycled pid)", async () => {
