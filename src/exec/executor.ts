@@ -68,8 +68,12 @@ export interface GatedLaunch {
   release(): void;
   /** Before release: kills the gate (nothing ran) and resolves once its group is gone. After release: `stop("cancelled")`. */
   abort(): Promise<void>;
-  /** Kills the whole process group (SIGTERM, grace, SIGKILL); resolves once `done` has settled. */
-  stop(reason: "cancelled" | "shutdown"): Promise<void>;
+  /**
+   * Kills the whole process group (SIGTERM, grace, SIGKILL); resolves once `done` has settled, or
+   * `settleWithinMs` after the group is gone, whichever comes first (delivering the last output may
+   * wait for a storage that cannot answer; the kill itself is always waited for).
+   */
+  stop(reason: "cancelled" | "shutdown", settleWithinMs?: number): Promise<void>;
   /**
    * The outcome, once the leader exited, leftovers of its group were stopped and all output was
    * delivered. Rejects with the error `onOutput` threw, if it threw (output after it was not delivered).
@@ -310,7 +314,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
         if (phase === "released") return handle.stop("cancelled");
         await settled();
       },
-      async stop(reason: "cancelled" | "shutdown"): Promise<void> {
+      async stop(reason: "cancelled" | "shutdown", settleWithinMs = Infinity): Promise<void> {
         if (phase === "gated") {
           phase = "aborted";
           stopReason = reason;
@@ -319,7 +323,10 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
           if (!timedOut) stopReason ??= reason;
           await killGroup(killGraceMs);
         }
-        await settled();
+        if (settleWithinMs === Infinity) return settled();
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([settled(), new Promise<void>((resolve) => (timer = setTimeout(resolve, settleWithinMs)))]);
+        clearTimeout(timer);
       },
     };
     return handle;

@@ -17,7 +17,7 @@
  * survivors of a crash until then, as before. An owner that stops its cells itself clears them.
  *
  * A cell can reach its keeper (same user): stopped (SIGSTOP), it is continued at the owner's next
- * beat; killed, the owner starts a new one and hands it every group it still holds.
+ * beat or add; killed, the owner starts a new one at once and hands it every group it still holds.
  *
  * The keeper adds liveness to the lease, never safety: fencing is the epoch, whatever the clocks.
  * Its deadline is measured on this machine's monotonic clock only, from a remaining time the owner
@@ -79,6 +79,10 @@ process.on("SIGINT", () => {});
 /** How often the owner tells the keeper its remaining lease time. */
 export const KEEPER_BEAT_MS = 250;
 
+/** A keeper that exits is replaced at once, up to this many starts in RESTART_WINDOW_MS; then once a second. */
+const RESTARTS_AT_ONCE = 5;
+const RESTART_WINDOW_MS = 10_000;
+
 /** One owner's keeper. Every method is fire-and-forget and never throws. */
 export class CellKeeper {
   private child: ChildProcess | null = null;
@@ -88,9 +92,10 @@ export class CellKeeper {
   private dropped = "";
   /** The groups the keeper holds for this owner (pgid to leader start time), to hand to a new keeper. */
   private readonly held = new Map<number, string>();
-  /** Keepers started, the first included (tests), and when the last one started. */
+  /** Keepers started, the first included (tests), and when the recent ones started (restart limit). */
   private started = 0;
-  private lastStart = Number.NEGATIVE_INFINITY;
+  private recentStarts: number[] = [];
+  private restartTimer: NodeJS.Timeout | null = null;
 
   /**
    * @param remainingMs how long the owner's lease is still sure to be held (0: lost or released).
@@ -105,8 +110,12 @@ export class CellKeeper {
   add(pgid: number, startTime: string): void {
     if (this.closed || !Number.isInteger(pgid) || pgid <= 1) return;
     this.held.set(pgid, startTime);
-    if (this.child === null) this.ensure();
-    else this.send(`add ${pgid} ${startTime}`);
+    if (this.child === null) {
+      this.ensure();
+    } else {
+      this.continueIfStopped();
+      this.send(`add ${pgid} ${startTime}`);
+    }
   }
 
   /**
@@ -128,8 +137,16 @@ export class CellKeeper {
     if (this.closed) return;
     this.closed = true;
     if (this.beat !== null) clearInterval(this.beat);
+    if (this.restartTimer !== null) clearTimeout(this.restartTimer);
     if (stoppedItsCells) this.held.clear();
     if (this.child === null) return;
+    if (stoppedItsCells && this.keeperStopped()) {
+      // Continued later, it could act on its old deadline before it reads "clear": nothing is left
+      // for it to do, so it is ended instead.
+      this.signalKeeper("SIGKILL");
+      return;
+    }
+    this.continueIfStopped();
     if (stoppedItsCells) this.send("clear");
     else this.sendBeat();
     this.child.stdin?.end();
@@ -154,8 +171,9 @@ export class CellKeeper {
       env: { PATH: process.env.PATH ?? "/usr/bin:/bin" },
     });
     this.started++;
-    this.lastStart = performance.now();
-    child.on("error", () => undefined);
+    this.recentStarts = [...this.recentStarts.filter((t) => performance.now() - t < RESTART_WINDOW_MS), performance.now()];
+    // A spawn that fails emits "error" and no "exit": either way the keeper is gone.
+    child.on("error", () => this.keeperExited(child));
     child.on("exit", () => this.keeperExited(child));
     child.stdin?.on("error", () => undefined);
     child.unref();
@@ -177,26 +195,46 @@ export class CellKeeper {
   private keeperExited(child: ChildProcess): void {
     if (this.child !== child) return;
     this.child = null;
-    if (this.closed || this.held.size === 0) return;
-    // At once, unless the last one started less than a second ago (one that keeps dying must not spin).
-    const wait = Math.max(0, this.lastStart + 1000 - performance.now());
-    if (wait === 0) this.ensure();
-    else setTimeout(() => this.ensure(), wait).unref();
+    if (this.closed || this.held.size === 0 || this.restartTimer !== null) return;
+    // At once; only a keeper that keeps dying (RESTARTS_AT_ONCE in RESTART_WINDOW_MS: it cannot
+    // start, or something kills it in a loop) is restarted once a second, so that this never spins.
+    const now = performance.now();
+    const recent = this.recentStarts.filter((t) => now - t < RESTART_WINDOW_MS);
+    if (recent.length < RESTARTS_AT_ONCE) {
+      this.ensure();
+      return;
+    }
+    this.restartTimer = setTimeout(() => {
+      this.restartTimer = null;
+      this.ensure();
+    }, 1000);
+    this.restartTimer.unref();
+  }
+
+  private keeperStopped(): boolean {
+    const pid = this.child?.pid;
+    if (pid === undefined) return false;
+    const state = readProcStat(pid)?.state;
+    return state === "T" || state === "t";
+  }
+
+  /** A stopped keeper (a cell can send it SIGSTOP) would miss its deadline: continue it. */
+  private continueIfStopped(): void {
+    if (this.keeperStopped()) this.signalKeeper("SIGCONT");
+  }
+
+  private signalKeeper(signal: NodeJS.Signals): void {
+    const pid = this.child?.pid;
+    if (pid === undefined) return;
+    try {
+      process.kill(pid, signal);
+    } catch {
+      // gone meanwhile: keeperExited starts another
+    }
   }
 
   private sendBeat(): void {
-    const pid = this.child?.pid;
-    // A stopped keeper (a cell can send it SIGSTOP) would miss its deadline: continue it.
-    if (pid !== undefined && this.held.size > 0) {
-      const state = readProcStat(pid)?.state;
-      if (state === "T" || state === "t") {
-        try {
-          process.kill(pid, "SIGCONT");
-        } catch {
-          // gone meanwhile: keeperExited starts another
-        }
-      }
-    }
+    this.continueIfStopped();
     this.send(`beat ${Math.max(0, Math.floor(this.remainingMs()))}`);
   }
 

@@ -48,6 +48,11 @@ export interface HarnessCore {
   nowIso(): string;
   /** True once the harness is closing, fenced or poisoned: launch nothing more. */
   stopping(): boolean;
+  /**
+   * How long a stopping driver waits, once its cell is killed, for that cell's last output to be
+   * committed: one lease length (a storage out of reach would hold it forever), Infinity without one.
+   */
+  stopWaitMs(): number;
   /** A session's driver stopped on an unexpected error: the run is not over, but it is not moving. */
   failed(session: string, err: unknown): void;
   /** Resolves after `ms`, or early (false) when the harness stops. */
@@ -60,6 +65,7 @@ export interface CoreOwner {
   session(id: string): SessionProjection | undefined;
   headSeq(): number;
   stopping(): boolean;
+  stopWaitMs(): number;
   failed(session: string, err: unknown): void;
   sleep(ms: number): Promise<boolean>;
   /** The timer socket's path, while it listens. */
@@ -86,6 +92,7 @@ export function createCore(
     headSeq: () => owner.headSeq(),
     nowIso: () => new Date(world.clock.now()).toISOString(),
     stopping: () => owner.stopping(),
+    stopWaitMs: () => owner.stopWaitMs(),
     failed: (session, err) => owner.failed(session, err),
     sleep: (ms) => owner.sleep(ms),
   };

@@ -33,7 +33,7 @@ export function splitText(text: string, max: number): string[] {
 /** A cell running in this process. */
 interface Running {
   readonly cellId: number;
-  stop(reason: "cancelled" | "shutdown"): Promise<void>;
+  stop(reason: "cancelled" | "shutdown", settleWithinMs?: number): Promise<void>;
   cancelled: boolean;
   /** Resolves once its result is recorded (or given up on) and it is no longer running. */
   readonly over: Promise<void>;
@@ -63,7 +63,8 @@ export class Executions {
     if (reason === "fenced" || this.ctx.core.stopping()) {
       this.ctx.core.logger.warn({ session: this.ctx.id, cell: r.cellId, reason }, "stopping the running cell's process group");
     }
-    await r.stop("shutdown").catch(() => undefined);
+    // The kill is waited for; the cell's last output, at most one lease length (see stopWaitMs).
+    await r.stop("shutdown", this.ctx.core.stopWaitMs()).catch(() => undefined);
   }
 
   /**
@@ -158,7 +159,7 @@ export class Executions {
     }
     const authorized = core.world.clock.now();
     let over!: () => void;
-    const running: Running = { cellId: cell.id, stop: (reason) => prepared.stop(reason), cancelled: false, over: new Promise<void>((resolve) => (over = resolve)) };
+    const running: Running = { cellId: cell.id, stop: (reason, ms) => prepared.stop(reason, ms), cancelled: false, over: new Promise<void>((resolve) => (over = resolve)) };
     this.running = running;
     prepared.release();
     core.metrics?.dispatchLatency((core.world.clock.now() - authorized) / 1000);

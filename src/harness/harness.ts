@@ -93,6 +93,7 @@ export class Harness {
         session: (id) => this.reducer.session(id),
         headSeq: () => this.reducer.headSeq,
         stopping: () => this.statusValue !== "open",
+        stopWaitMs: () => this.db.lease?.ttlMs ?? Infinity,
         failed: (session, err) => this.listeners.failed(session, err),
         sleep: (ms) => this.timers.sleeper.sleep(ms),
         timerSocket: () => this.timers.socket(),

@@ -1,0 +1,267 @@
+/**
+ * Review of Harness.close() / ReplicatedDatabase.close() during and right after a quorum loss, on a
+ * real 3-member etcd cluster: bounded close, nothing acknowledged lost, no cell run twice, no
+ * unhandled rejection, and the closing process able to exit.
+ */
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { readFileSync, existsSync } from "node:fs";
+import { createInterface } from "node:readline";
+import { pathToFileURL } from "node:url";
+import { after, before, describe, it } from "node:test";
+import type { Storage } from "../../src/storage/contract.js";
+import type { Model, ModelReply, ModelRequest } from "../../src/model/contract.js";
+import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
+import { Harness } from "../../src/harness/harness.js";
+import { LoopModel } from "../../chaos/support/loop-model.js";
+import { captureLogger, devCluster, tempDir } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
+
+const rejections: unknown[] = [];
+process.on("unhandledRejection", (e) => rejections.push(e));
+
+async function timed<T>(p: Promise<T>, what: string, ms = 60_000): Promise<number> {
+  const t0 = performance.now();
+  let timer: NodeJS.Timeout;
+  await Promise.race([
+    p.finally(() => clearTimeout(timer)),
+    new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`${what}: not settled after ${ms} ms`)), ms);
+    }),
+  ]);
+  return performance.now() - t0;
+}
+
+async function eventually(done: () => boolean, what: string, ms = 60_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!done()) {
+    if (Date.now() > deadline) assert.fail(`never happened: ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/**
+ * Round 1: a cmd cell that marks each run in `marker` and prints forever. Later rounds conclude;
+ * when that cell's execution is uncertain (its worker stopped before recording its result), they
+ * resolve it first, with the marker as evidence, as an agent would.
+ */
+class StreamModel implements Model {
+  readonly name = "stream";
+  constructor(private readonly marker: string) {}
+  async step(req: ModelRequest): Promise<ModelReply> {
+    const s = req.state;
+    const ops: unknown[] = [{ op: "test", path: "/revision", value: s.revision }];
+    const id = s.runtime.next_cell_id;
+    if (s.runtime.usage.rounds <= 1) {
+      ops.push({ op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "cmd", argv: ["sh", "-c", `echo run >> ${this.marker}; while :; do echo out; sleep 0.02; done`] } });
+    } else {
+      if (JSON.stringify(s).includes("UnknownExecution")) {
+        ops.push({ op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "note", role: "resolution", target_cell_id: 1, evidence_refs: ["cell:1"], text: "cell 1 was stopped with its worker; it only printed" } });
+      }
+      ops.push({ op: "add", path: "/cells/-", value: { id: id + ops.length - 1, previous_id: null, kind: "note", text: "done", role: "conclusion", result: "success" } });
+    }
+    return { patch: ops, usage: { input_tokens: 1, output_tokens: 1 } };
+  }
+}
+
+/**
+ * A hang guard, not a speed assertion: close waits at most one lease length (3 s) for writes in
+ * flight, plus a bounded watch cancel and lease revoke; before the fix it waited forever. Generous,
+ * so that a loaded CI machine never fails it.
+ */
+const LIMIT_MS = 30_000;
+
+describe("review: close during and after a quorum loss", () => {
+  let dc: Awaited<ReturnType<typeof devCluster>>;
+  const dirs = tempDir("close-review");
+  const storages: Storage[] = [];
+  const logger = captureLogger();
+  const make = (dataDir: string) => {
+    const s = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir, commitTimeoutMs: 1500, healthIntervalMs: 250, logger });
+    storages.push(s);
+    return s;
+  };
+
+  before(async () => {
+    dc = await devCluster();
+  });
+  after(async () => {
+    for (let i = 0; i < 3; i++) dc?.cluster.signal(i, "SIGCONT");
+    for (const s of storages) await s.close().catch(() => undefined);
+    await dc?.stop();
+    dirs.remove();
+  });
+
+  /** Every acknowledged (followed) identity is in a fresh opener's log; no execution started twice; a resumed run succeeds. */
+  async function checkAfter(name: string, acked: Set<string>, work: string, model: Model, tag: string): Promise<string[]> {
+    const next = await Harness.open({ storage: make(`${dirs.dir}/${tag}-next`), name, model, workDir: work, snapshots: false });
+    try {
+      await next.resume();
+      for (const id of next.sessions()) {
+        const outcome = await Promise.race([next.wait(id), new Promise<never>((_, r) => setTimeout(() => r(new Error("resumed run hangs")), 90_000))]);
+        assert.equal(outcome.result, "success", outcome.reason);
+      }
+    } finally {
+      await next.close();
+    }
+    const check = await make(`${dirs.dir}/${tag}-check`).open(name);
+    const log = await check.read();
+    await check.close();
+    const ids = new Set(log.map((e) => e.identity));
+    const missing = [...acked].filter((id) => !ids.has(id));
+    assert.deepEqual(missing, [], "acknowledged commits missing from the log");
+    const started = log.filter((e) => e.kind === "execution_started").map((e) => e.identity);
+    assert.equal(new Set(started).size, started.length, "an execution started twice");
+    return log.map((e) => e.kind);
+  }
+
+  it("quorum lost by SIGSTOP: close twice and storage.close() at once return within a lease length; nothing acknowledged lost", async () => {
+    const work = `${dirs.dir}/w1`;
+    const storage = make(`${dirs.dir}/a1`);
+    const h = await Harness.open({ storage, name: "stop1", model: new LoopModel(60), workDir: work, snapshots: false });
+    const acked = new Set<string>();
+    h.follow((logged) => logged.forEach((e) => acked.add(e.identity)));
+    const session = await h.start({ goal: "loop", cwd: dirs.dir, budgets: { max_rounds: 70 } });
+    void h.wait(session).catch(() => undefined);
+    await eventually(() => acked.size >= 20, "a few rounds");
+    dc.cluster.signal(1, "SIGSTOP");
+    dc.cluster.signal(2, "SIGSTOP");
+    await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "a commit waits for the frozen quorum");
+    const ms = await timed(Promise.all([h.close(), h.close(), storage.close()]), "close x2 + storage.close while frozen");
+    const ackedAtClose = acked.size;
+    dc.cluster.signal(1, "SIGCONT");
+    dc.cluster.signal(2, "SIGCONT");
+    assert.ok(ms < LIMIT_MS, `close took ${Math.round(ms)} ms`);
+    assert.equal(h.status, "closed");
+    await checkAfter("stop1", acked, work, new LoopModel(60), "s1");
+    assert.equal(acked.size, ackedAtClose, "a commit was acknowledged to the closed harness's followers after close returned");
+    assert.deepEqual(rejections, []);
+  });
+
+  it("close while a printing cell runs and the quorum is lost (killed): bounded, the cell is killed, it never runs twice", async () => {
+    const work = `${dirs.dir}/w2`;
+    const marker = `${dirs.dir}/marker2`;
+    const storage = make(`${dirs.dir}/a2`);
+    const h = await Harness.open({ storage, name: "cell2", model: new StreamModel(marker), workDir: work, snapshots: false });
+    const acked = new Set<string>();
+    const kinds: string[] = [];
+    let pgid = 0;
+    h.follow((logged) =>
+      logged.forEach((e) => {
+        acked.add(e.identity);
+        kinds.push(e.kind + (e.kind === "run_ended" || e.kind === "execution_finished" ? JSON.stringify(e.body).slice(0, 300) : ""));
+        if (e.kind === "execution_started") pgid = (e.body as { pgid: number }).pgid;
+      }),
+    );
+    await h.start({ goal: "stream", cwd: dirs.dir, budgets: { max_rounds: 5 } });
+    try {
+      await eventually(() => pgid > 0 && acked.size >= 10, "the cell runs and prints", 20_000);
+    } catch (err) {
+      await h.close();
+      throw new Error(`${(err as Error).message}: ${kinds.join(" ")}`);
+    }
+    await dc.cluster.kill(1);
+    await dc.cluster.kill(2);
+    let ms: number, ms2: number;
+    let groupAlive = true;
+    try {
+      await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "an output commit waits");
+      ms = await timed(h.close(), "Harness.close() with a running cell that prints, quorum lost", 30_000);
+      ms2 = await timed(storage.close(), "storage.close");
+      try {
+        process.kill(-pgid, 0);
+      } catch {
+        groupAlive = false;
+      }
+    } finally {
+      await dc.cluster.restart(1);
+      await dc.cluster.restart(2);
+      await new Promise((r) => setTimeout(r, 5000)); // the quorum serves again before the next case
+    }
+    assert.ok(ms < LIMIT_MS, `Harness.close took ${Math.round(ms)} ms`);
+    assert.ok(ms2 < LIMIT_MS, `storage.close took ${Math.round(ms2)} ms`);
+    assert.equal(groupAlive, false, "the cell's process group outlived close");
+    await checkAfter("cell2", acked, work, new StreamModel(marker), "s2");
+    const runs = existsSync(marker) ? readFileSync(marker, "utf8").trim().split("\n").length : 0;
+    assert.equal(runs, 1, "the cell ran more than once");
+    assert.deepEqual(rejections, []);
+  });
+
+  it("close right after the quorum returns: bounded, every acknowledged commit in the log, the run resumes", async () => {
+    const work = `${dirs.dir}/w3`;
+    const storage = make(`${dirs.dir}/a3`);
+    const h = await Harness.open({ storage, name: "back3", model: new LoopModel(60), workDir: work, snapshots: false });
+    const acked = new Set<string>();
+    h.follow((logged) => logged.forEach((e) => acked.add(e.identity)));
+    const session = await h.start({ goal: "loop", cwd: dirs.dir, budgets: { max_rounds: 70 } });
+    void h.wait(session).catch(() => undefined);
+    await eventually(() => acked.size >= 20, "a few rounds");
+    await dc.cluster.kill(1);
+    await dc.cluster.kill(2);
+    await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "a commit waits");
+    await new Promise((r) => setTimeout(r, 1000));
+    await dc.cluster.restart(1);
+    await dc.cluster.restart(2);
+    const ms = await timed(Promise.all([h.close(), storage.close()]), "close after the quorum returned");
+    assert.ok(ms < LIMIT_MS, `close took ${Math.round(ms)} ms`);
+    await checkAfter("back3", acked, work, new LoopModel(60), "s3");
+    assert.deepEqual(rejections, []);
+  });
+
+  it("a process that closed its harness and storage while members are frozen exits by itself", async () => {
+    const HARNESS = pathToFileURL(new URL("../../src/harness/harness.ts", import.meta.url).pathname).href;
+    const REPL = pathToFileURL(new URL("../../storage-adapters/replicated/index.ts", import.meta.url).pathname).href;
+    const LOOP = pathToFileURL(new URL("../../chaos/support/loop-model.ts", import.meta.url).pathname).href;
+    const script = `
+import { Harness } from ${JSON.stringify(HARNESS)};
+import { createReplicatedStorage } from ${JSON.stringify(REPL)};
+import { LoopModel } from ${JSON.stringify(LOOP)};
+import { createInterface } from "node:readline";
+const [endpoints, dataDir, work, cwd] = process.argv.slice(1);
+const storage = createReplicatedStorage({ endpoints: endpoints.split(","), dataDir, commitTimeoutMs: 1500, healthIntervalMs: 250 });
+const h = await Harness.open({ storage, name: "exit4", model: new LoopModel(500), workDir: work, snapshots: false });
+let n = 0;
+h.follow((l) => (n += l.length));
+const s = await h.start({ goal: "loop", cwd, budgets: { max_rounds: 600 } });
+h.wait(s).catch(() => undefined);
+const t = setInterval(() => console.log("events " + n + " " + (h.storageState().stats.backlogCommits ?? 0)), 50);
+const rl = createInterface({ input: process.stdin });
+rl.on("line", async () => {
+  clearInterval(t);
+  rl.close();
+  process.stdin.destroy();
+  const t0 = performance.now();
+  await h.close();
+  await storage.close();
+  console.log("closed " + Math.round(performance.now() - t0));
+});
+process.on("unhandledRejection", (e) => { console.log("unhandled " + String(e)); });
+`;
+    const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script, dc.cluster.endpoints.join(","), `${dirs.dir}/a4`, `${dirs.dir}/w4`, dirs.dir], { stdio: ["pipe", "pipe", "inherit"] });
+    const lines: string[] = [];
+    createInterface({ input: child.stdout! }).on("line", (l) => lines.push(l));
+    let exited: number | null = null;
+    const exit = new Promise<void>((r) => child.on("exit", () => { exited = performance.now(); r(); }));
+    try {
+      await eventually(() => lines.some((l) => l.startsWith("events ") && Number(l.split(" ")[1]) >= 20), "the child runs rounds", 90_000);
+      dc.cluster.signal(1, "SIGSTOP");
+      dc.cluster.signal(2, "SIGSTOP");
+      await eventually(() => lines.some((l) => l.startsWith("events ") && Number(l.split(" ")[2]) >= 1), "a commit waits in the child");
+      child.stdin!.write("close\n");
+      await eventually(() => lines.some((l) => l.startsWith("closed ")), "the child's close", 30_000);
+      const closedAt = performance.now();
+      await Promise.race([exit, new Promise((r) => setTimeout(r, 20_000))]);
+      const closeMs = Number(lines.find((l) => l.startsWith("closed "))!.split(" ")[1]);
+      assert.ok(closeMs < LIMIT_MS, `the child's close took ${closeMs} ms`);
+      assert.deepEqual(lines.filter((l) => l.startsWith("unhandled")), []);
+      assert.notEqual(exited, null, "the child did not exit within 20 s of closing everything (leaked handles keep it alive)");
+      assert.ok(exited! - closedAt >= 0);
+    } finally {
+      child.kill("SIGKILL");
+      dc.cluster.signal(1, "SIGCONT");
+      dc.cluster.signal(2, "SIGCONT");
+    }
+  });
+});
+
+exitAfterTests("test/replicated/close-review.test.ts");
