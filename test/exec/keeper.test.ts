@@ -1,14 +1,16 @@
 /**
- * The cell keeper (src/exec/keeper.ts) with real processes: an owner process (node) launches a cell
- * (`sleep`, in its own process group) and hands it to its keeper; then the owner is frozen with
- * SIGSTOP, killed with SIGKILL, or closes. The keeper must kill the cell's group at the owner's lease
- * deadline when the owner cannot (frozen, dead), not before it (same-host recovery still finds the
- * survivor of a crash until then), never when the owner says it stopped its cells itself, and never
- * a group whose leader's start time is not the one it was given (a recycled pid). A cell can reach
- * its keeper: a stopped keeper is continued, a killed one replaced, and the cell is still held.
+ * The cell keeper (src/exec/keeper.ts) with real processes: an owner process (node) launches cells
+ * (`sleep`, each in its own process group) and hands them to its keeper; then the owner is frozen
+ * with SIGSTOP, killed with SIGKILL, or closes. The keeper must kill the cells' groups at the owner's
+ * lease deadline when the owner cannot (frozen, dead), not before it (same-host recovery still finds
+ * the survivor of a crash until then), never when the owner says it stopped its cells itself, and
+ * never a group whose leader's start time is not the one it was given (a recycled pid). A cell can
+ * reach its keeper: a stopped keeper is continued, a killed one replaced (at once, also when killed
+ * again and again, one keeper at a time), and every held cell is still held; dropped and cleared
+ * groups are never handed over or killed.
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { createInterface } from "node:readline";
 import { pathToFileURL } from "node:url";
 import { describe, it, after } from "node:test";
@@ -21,7 +23,9 @@ const IDENTITY = pathToFileURL(new URL("../../src/exec/identity.ts", import.meta
 /**
  * The owner: launches `sleep 600` in its own group, holds it with a keeper whose lease is always
  * `remaining` ms from now (as if renewed in time for as long as the owner runs), prints
- * "ready CELL KEEPER", and obeys lines on stdin: "close-clear", "close-keep", "add-wrong".
+ * "ready CELL KEEPER", and obeys lines on stdin: "spawn" (another cell), "drop PID", "close-clear",
+ * "close-keep", "add-wrong" (the first cell again with a wrong start time), "pid" (the keeper's pid
+ * and how many keepers were started).
  */
 const OWNER = `
 import { spawn } from "node:child_process";
@@ -29,46 +33,28 @@ import { createInterface } from "node:readline";
 import { CellKeeper } from ${JSON.stringify(KEEPER)};
 import { processStartTime } from ${JSON.stringify(IDENTITY)};
 const remaining = Number(process.argv[1]);
-const keeper = new CellKeeper(() => remaining, "keeper-test");
-const cell = spawn("sleep", ["600"], { detached: true, stdio: "ignore" });
-cell.unref();
-keeper.add(cell.pid, processStartTime(cell.pid));
+const keeper = new CellKeeper(() => remaining, process.argv[2]);
+function cell() {
+  const c = spawn("sleep", ["600"], { detached: true, stdio: "ignore" });
+  c.unref();
+  keeper.add(c.pid, processStartTime(c.pid));
+  return c.pid;
+}
+const first = cell();
 setInterval(() => {}, 1000);
-setTimeout(() => console.log("ready " + cell.pid + " " + keeper.pid), 100);
+setTimeout(() => console.log("ready " + first + " " + keeper.pid), 100);
 createInterface({ input: process.stdin }).on("line", (line) => {
-  if (line === "close-clear") keeper.close(true);
-  if (line === "close-keep") keeper.close(false);
-  if (line === "add-wrong") keeper.add(cell.pid, "1");
-  if (line === "pid") console.log("keeper " + keeper.pid + " " + keeper.keepersStarted);
+  const [cmd, arg] = line.split(" ");
+  if (cmd === "spawn") console.log("cell " + cell());
+  if (cmd === "drop") keeper.drop(Number(arg));
+  if (cmd === "close-clear") keeper.close(true);
+  if (cmd === "close-keep") keeper.close(false);
+  if (cmd === "add-wrong") keeper.add(first, "1");
+  if (cmd === "pid") console.log("keeper " + keeper.pid + " " + keeper.keepersStarted);
   console.log("done " + line);
 });
 `;
 
-/** Running (a zombie is not: a killed cell of a frozen owner stays one until its parent reaps it). */
-const alive = (pid: number): boolean => {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) !== "Z";
-  } catch {
-    return false;
-  }
-};
-
-const spawned: ChildProcess[] = [];
-const cells: number[] = [];
-
-after(() => {
-  for (const c of spawned) c.kill("SIGKILL");
-  for (const pid of cells) {
-    try {
-      process.kill(-pid, "SIGKILL");
-    } catch {
-      // gone
-    }
-  }
-});
-
-/** The process state letter from /proc (T: stopped), or null when gone. */
 const procState = (pid: number): string | null => {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
@@ -77,33 +63,70 @@ const procState = (pid: number): string | null => {
     return null;
   }
 };
+const alive = (pid: number): boolean => {
+  const s = procState(pid);
+  return s !== null && s !== "Z";
+};
 
-async function owner(remainingMs: number): Promise<{ child: ChildProcess; cell: number; keeper: number; say: (line: string) => Promise<void>; keeperNow: () => Promise<{ pid: number; started: number }> }> {
-  const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", OWNER, String(remainingMs)], { stdio: ["pipe", "pipe", "inherit"] });
+/** Live (not zombie) keeper processes whose command line names `label`. */
+function keepers(label: string): number[] {
+  const out: number[] = [];
+  for (const d of readdirSync("/proc")) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const cmd = readFileSync(`/proc/${d}/cmdline`, "utf8").split("\0").join(" ");
+      if (cmd.includes("cairn-keeper") && cmd.includes(label) && alive(Number(d))) out.push(Number(d));
+    } catch {
+      // gone
+    }
+  }
+  return out;
+}
+
+const spawned: ChildProcess[] = [];
+const pids: number[] = [];
+after(() => {
+  for (const c of spawned) c.kill("SIGKILL");
+  for (const pid of pids) {
+    for (const p of [-pid, pid]) {
+      try {
+        process.kill(p, "SIGCONT");
+        process.kill(p, "SIGKILL");
+      } catch {
+        // gone
+      }
+    }
+  }
+});
+
+let n = 0;
+async function owner(remainingMs: number) {
+  const label = `kreview-${process.pid}-${n++}`;
+  const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", OWNER, String(remainingMs), label], { stdio: ["pipe", "pipe", "inherit"] });
   spawned.push(child);
   const lines: string[] = [];
   createInterface({ input: child.stdout! }).on("line", (l) => lines.push(l));
-  const ready = await until("the owner's ready line", () => lines.find((l) => l.startsWith("ready ")), 60_000);
+  const ready = await until("ready", () => lines.find((l) => l.startsWith("ready ")), 60_000);
   const [, cell, keeper] = ready.split(" ").map(Number);
-  cells.push(cell!);
-  assert.ok(alive(cell!) && alive(keeper!), "the cell and the keeper run");
-  return {
-    child,
-    cell: cell!,
-    keeper: keeper!,
-    say: async (line) => {
-      const seen = lines.filter((l) => l === `done ${line}`).length;
-      child.stdin!.write(`${line}\n`);
-      await until(`the owner's answer to ${line}`, () => lines.filter((l) => l === `done ${line}`).length > seen, 60_000);
-    },
-    keeperNow: async () => {
-      const seen = lines.filter((l) => l === "done pid").length;
-      child.stdin!.write("pid\n");
-      await until("the owner's answer to pid", () => lines.filter((l) => l === "done pid").length > seen, 60_000);
-      const [, pid, started] = lines.filter((l) => l.startsWith("keeper ")).at(-1)!.split(" ").map(Number);
-      return { pid: pid!, started: started! };
-    },
+  pids.push(cell!, keeper!);
+  const say = async (line: string) => {
+    const seen = lines.filter((l) => l === `done ${line}`).length;
+    child.stdin!.write(`${line}\n`);
+    await until(`answer to ${line}`, () => lines.filter((l) => l === `done ${line}`).length > seen, 60_000);
   };
+  const keeperNow = async () => {
+    await say("pid");
+    const [, pid, started] = lines.filter((l) => l.startsWith("keeper ")).at(-1)!.split(" ").map(Number);
+    if (pid) pids.push(pid);
+    return { pid: pid!, started: started! };
+  };
+  const spawnCell = async () => {
+    await say("spawn");
+    const c = Number(lines.filter((l) => l.startsWith("cell ")).at(-1)!.split(" ")[1]);
+    pids.push(c);
+    return c;
+  };
+  return { child, cell: cell!, keeper: keeper!, label, say, keeperNow, spawnCell };
 }
 
 describe("cell keeper", () => {
@@ -177,6 +200,119 @@ describe("cell keeper", () => {
     o.child.kill("SIGSTOP");
     await sleep(4000); // two deadlines past
     assert.ok(alive(o.cell), "the group was not signalled: its leader's start time did not match");
+    o.child.kill("SIGKILL");
+  });
+
+  it("a keeper killed twice within a second (the replacement too) still holds the cell when the owner then freezes", async () => {
+    const o = await owner(1500);
+    process.kill(o.keeper, "SIGKILL");
+    const k2 = await until("a second keeper", async () => {
+      const k = await o.keeperNow();
+      return k.started === 2 && k.pid !== o.keeper && alive(k.pid) ? k : undefined;
+    }, 60_000, 20);
+    process.kill(k2.pid, "SIGKILL"); // within a second of its start: the restart is delayed
+    await sleep(100); // the owner sees the exit, then freezes before the delayed restart
+    o.child.kill("SIGSTOP");
+    await sleep(6000); // four lease lengths
+    const held = !alive(o.cell);
+    o.child.kill("SIGKILL");
+    assert.ok(held, `the frozen owner's cell ${o.cell} still runs 6 s after the deadline: no keeper held it (keepers alive: ${keepers(o.label).length})`);
+  });
+
+  it("a keeper stopped (SIGSTOP) when its owner closes clearing its cells is not left stopped, and never kills the cleared cell", async () => {
+    const o = await owner(1500);
+    process.kill(o.keeper, "SIGSTOP");
+    // At once: the owner's next beat (within 250 ms) would continue it first. Then close sees it
+    // stopped, and must neither leave it stopped nor let it act on its old deadline later.
+    await o.say("close-clear");
+    await sleep(2500); // past the deadline the keeper had
+    const state = procState(o.keeper);
+    try {
+      process.kill(o.keeper, "SIGCONT"); // anyone (the cell, an operator) could continue it later
+    } catch {
+      // gone: the owner ended it
+    }
+    await sleep(1500);
+    const cellAlive = alive(o.cell);
+    o.child.kill("SIGKILL");
+    assert.ok(cellAlive, `the cleared cell ${o.cell} was killed by the keeper once it was continued (keeper state before continue: ${state})`);
+    assert.notEqual(state, "T", "the keeper is left stopped forever after its owner closed");
+  });
+
+  it("a dropped group is not handed to a replacement keeper; the kept one is killed when the owner freezes", async () => {
+    const o = await owner(1500);
+    const dropped = await o.spawnCell();
+    const kept = await o.spawnCell();
+    await o.say(`drop ${dropped}`);
+    await o.say(`drop ${o.cell}`);
+    process.kill(o.keeper, "SIGKILL");
+    await until("a second keeper", async () => {
+      const k = await o.keeperNow();
+      return k.started === 2 && alive(k.pid) ? k : undefined;
+    }, 60_000);
+    await sleep(1500);
+    o.child.kill("SIGSTOP");
+    await until("the kept cell killed", () => !alive(kept), 60_000);
+    await sleep(1000);
+    assert.ok(alive(dropped), "a dropped group was killed by the replacement keeper");
+    assert.ok(alive(o.cell), "a dropped group was killed by the replacement keeper");
+    o.child.kill("SIGKILL");
+  });
+
+  it("keepers killed repeatedly while cells are added and dropped: one keeper at a time, every held cell killed at the freeze", async () => {
+    const o = await owner(1500);
+    const cells: number[] = [o.cell];
+    for (let i = 0; i < 8; i++) {
+      const k = await o.keeperNow();
+      if (alive(k.pid)) process.kill(k.pid, "SIGKILL");
+      cells.push(await o.spawnCell());
+      if (i % 3 === 2) await o.say(`drop ${cells.shift()}`);
+      assert.ok(keepers(o.label).length <= 1, `keepers piled up: ${keepers(o.label).join(",")}`);
+      await sleep(150);
+    }
+    await until("a keeper after the last kill", async () => alive((await o.keeperNow()).pid), 60_000);
+    await sleep(1200);
+    assert.equal(keepers(o.label).length, 1, "exactly one keeper runs");
+    for (const c of cells) assert.ok(alive(c), `held cell ${c} killed while the owner beats`);
+    o.child.kill("SIGSTOP");
+    for (const c of cells) await until(`held cell ${c} killed at the deadline`, () => !alive(c), 30_000);
+    o.child.kill("SIGKILL");
+    await until("the keeper to exit", () => keepers(o.label).length === 0, 30_000);
+  });
+
+  it("a keeper that keeps dying is restarted at once 5 times in 10 s, then once a second: it never spins, and a keeper comes back", async () => {
+    const o = await owner(1500);
+    const waits: number[] = []; // from each kill to the next keeper seen
+    let current = o.keeper;
+    for (let i = 0; i < 7; i++) {
+      process.kill(current, "SIGKILL");
+      const t0 = performance.now();
+      current = await until("the next keeper", () => keepers(o.label).find((pid) => pid !== current), 60_000, 10);
+      waits.push(performance.now() - t0);
+    }
+    // Starts 1 to 5 came at once; the 6th and later wait a second each (a lower bound: load only
+    // makes them later, so this cannot fail on a slow machine).
+    for (const w of waits.slice(5)) assert.ok(w >= 900, `a restart after 5 in 10 s came after ${Math.round(w)} ms, not once a second: ${waits.map(Math.round).join(", ")}`);
+    assert.ok(alive(current), "a keeper runs again");
+    o.child.kill("SIGSTOP");
+    await until("the frozen owner's cell killed by the last keeper", () => !alive(o.cell), 60_000);
+    o.child.kill("SIGKILL");
+  });
+
+  it("no keeper is started after close(), even with a restart pending", async () => {
+    const o = await owner(1500);
+    process.kill(o.keeper, "SIGKILL");
+    const k2 = await until("a second keeper", async () => {
+      const k = await o.keeperNow();
+      return k.started === 2 && alive(k.pid) ? k : undefined;
+    }, 60_000, 20);
+    process.kill(k2.pid, "SIGKILL"); // restart delayed by up to a second
+    await o.say("close-clear");
+    await sleep(2500);
+    const k = await o.keeperNow();
+    assert.equal(k.started, 2, "a keeper was started after close()");
+    assert.deepEqual(keepers(o.label), [], "a keeper runs after close()");
+    assert.ok(alive(o.cell), "a cleared cell was killed");
     o.child.kill("SIGKILL");
   });
 });

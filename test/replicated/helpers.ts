@@ -3,6 +3,7 @@
  * a logger that captures every line (to assert on warnings and on secrets never appearing), and
  * valid events.
  */
+import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -62,4 +63,33 @@ export async function stillPending<T>(p: Promise<T>, ms: number): Promise<"pendi
   );
   await new Promise((r) => setTimeout(r, ms));
   return settled ? "settled" : "pending";
+}
+
+/** A bound so a broken adapter fails the test instead of hanging it (not a speed assertion). */
+export function bounded<T>(p: Promise<T>, what: string, ms = 90_000): Promise<T> {
+  let timer: NodeJS.Timeout;
+  return Promise.race([
+    p.finally(() => clearTimeout(timer)),
+    new Promise<T>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`${what}: not settled after ${ms} ms`)), ms);
+    }),
+  ]);
+}
+
+/** Waits until `done()` holds, polling; fails naming `what` after `ms`. */
+export async function eventually(done: () => boolean, what: string, ms = 60_000, everyMs = 50): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!done()) {
+    if (Date.now() > deadline) assert.fail(`never happened: ${what}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}
+
+/** Waits until the dev cluster answers with a quorum again (after members were restarted). */
+export async function untilQuorum(cluster: DevCluster, ms = 60_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await cluster.status()).quorumHeld) {
+    if (Date.now() > deadline) assert.fail(`the dev cluster did not regain its quorum within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }

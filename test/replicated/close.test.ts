@@ -1,7 +1,9 @@
 /**
- * Review of Harness.close() / ReplicatedDatabase.close() during and right after a quorum loss, on a
- * real 3-member etcd cluster: bounded close, nothing acknowledged lost, no cell run twice, no
- * unhandled rejection, and the closing process able to exit.
+ * Harness.close() / ReplicatedDatabase.close() during and right after a quorum loss, on a real
+ * 3-member etcd cluster (written first as an adversarial review): close returns while a commit waits
+ * for the lost quorum (members killed or frozen, close called twice beside Storage.close(), a printing
+ * cell running), nothing acknowledged is lost, no cell runs twice, the next owner resumes the run, no
+ * promise rejection goes unhandled, and the closing process exits by itself.
  */
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -14,30 +16,17 @@ import type { Model, ModelReply, ModelRequest } from "../../src/model/contract.j
 import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import { Harness } from "../../src/harness/harness.js";
 import { LoopModel } from "../../chaos/support/loop-model.js";
-import { captureLogger, devCluster, tempDir } from "./helpers.js";
+import { bounded, captureLogger, devCluster, eventually, tempDir, untilQuorum } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
 
 const rejections: unknown[] = [];
 process.on("unhandledRejection", (e) => rejections.push(e));
 
+/** How long `p` took to settle, failing after `ms` instead of hanging (see `bounded`). */
 async function timed<T>(p: Promise<T>, what: string, ms = 60_000): Promise<number> {
   const t0 = performance.now();
-  let timer: NodeJS.Timeout;
-  await Promise.race([
-    p.finally(() => clearTimeout(timer)),
-    new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new Error(`${what}: not settled after ${ms} ms`)), ms);
-    }),
-  ]);
+  await bounded(p, what, ms);
   return performance.now() - t0;
-}
-
-async function eventually(done: () => boolean, what: string, ms = 60_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!done()) {
-    if (Date.now() > deadline) assert.fail(`never happened: ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 /**
@@ -115,15 +104,42 @@ describe("review: close during and after a quorum loss", () => {
     return log.map((e) => e.kind);
   }
 
-  it("quorum lost by SIGSTOP: close twice and storage.close() at once return within a lease length; nothing acknowledged lost", async () => {
-    const work = `${dirs.dir}/w1`;
-    const storage = make(`${dirs.dir}/a1`);
-    const h = await Harness.open({ storage, name: "stop1", model: new LoopModel(60), workDir: work, snapshots: false });
+  /** A LoopModel run on database `name` that has committed a few rounds, with every identity its followers saw. */
+  async function startLoop(name: string, tag: string): Promise<{ h: Harness; storage: Storage; acked: Set<string>; work: string }> {
+    const work = `${dirs.dir}/w-${tag}`;
+    const storage = make(`${dirs.dir}/a-${tag}`);
+    const h = await Harness.open({ storage, name, model: new LoopModel(60), workDir: work, snapshots: false });
     const acked = new Set<string>();
     h.follow((logged) => logged.forEach((e) => acked.add(e.identity)));
     const session = await h.start({ goal: "loop", cwd: dirs.dir, budgets: { max_rounds: 70 } });
     void h.wait(session).catch(() => undefined);
     await eventually(() => acked.size >= 20, "a few rounds");
+    return { h, storage, acked, work };
+  }
+
+  it("members killed: close returns while a commit waits for the lost quorum (at most a lease length), and the next owner resumes the run", async () => {
+    const { h, storage, acked, work } = await startLoop("closing", "k0");
+    await dc.cluster.kill(1);
+    await dc.cluster.kill(2);
+    try {
+      // The scenario under test: a commit of the harness is in flight, waiting for the quorum.
+      await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "a commit waits for the lost quorum");
+      // Before the fix this waited for the quorum forever.
+      await timed(h.close(), "Harness.close() while the quorum is lost");
+      await timed(storage.close(), "Storage.close() while the quorum is lost");
+      assert.equal(h.status, "closed");
+    } finally {
+      await dc.cluster.restart(1);
+      await dc.cluster.restart(2);
+      await untilQuorum(dc.cluster);
+    }
+    const kinds = await checkAfter("closing", acked, work, new LoopModel(60), "k0");
+    assert.equal(kinds.filter((k) => k === "execution_started").length, kinds.filter((k) => k === "execution_finished").length, "every started cell has a result (a finished one, or UnknownExecution)");
+    assert.deepEqual(rejections, []);
+  });
+
+  it("quorum lost by SIGSTOP: close twice and storage.close() at once return within a lease length; nothing acknowledged lost", async () => {
+    const { h, storage, acked, work } = await startLoop("stop1", "s1");
     dc.cluster.signal(1, "SIGSTOP");
     dc.cluster.signal(2, "SIGSTOP");
     await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "a commit waits for the frozen quorum");
@@ -131,6 +147,7 @@ describe("review: close during and after a quorum loss", () => {
     const ackedAtClose = acked.size;
     dc.cluster.signal(1, "SIGCONT");
     dc.cluster.signal(2, "SIGCONT");
+    await untilQuorum(dc.cluster);
     assert.ok(ms < LIMIT_MS, `close took ${Math.round(ms)} ms`);
     assert.equal(h.status, "closed");
     await checkAfter("stop1", acked, work, new LoopModel(60), "s1");
@@ -176,7 +193,7 @@ describe("review: close during and after a quorum loss", () => {
     } finally {
       await dc.cluster.restart(1);
       await dc.cluster.restart(2);
-      await new Promise((r) => setTimeout(r, 5000)); // the quorum serves again before the next case
+      await untilQuorum(dc.cluster);
     }
     assert.ok(ms < LIMIT_MS, `Harness.close took ${Math.round(ms)} ms`);
     assert.ok(ms2 < LIMIT_MS, `storage.close took ${Math.round(ms2)} ms`);
@@ -188,14 +205,7 @@ describe("review: close during and after a quorum loss", () => {
   });
 
   it("close right after the quorum returns: bounded, every acknowledged commit in the log, the run resumes", async () => {
-    const work = `${dirs.dir}/w3`;
-    const storage = make(`${dirs.dir}/a3`);
-    const h = await Harness.open({ storage, name: "back3", model: new LoopModel(60), workDir: work, snapshots: false });
-    const acked = new Set<string>();
-    h.follow((logged) => logged.forEach((e) => acked.add(e.identity)));
-    const session = await h.start({ goal: "loop", cwd: dirs.dir, budgets: { max_rounds: 70 } });
-    void h.wait(session).catch(() => undefined);
-    await eventually(() => acked.size >= 20, "a few rounds");
+    const { h, storage, acked, work } = await startLoop("back3", "s3");
     await dc.cluster.kill(1);
     await dc.cluster.kill(2);
     await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "a commit waits");
@@ -260,8 +270,9 @@ process.on("unhandledRejection", (e) => { console.log("unhandled " + String(e));
       child.kill("SIGKILL");
       dc.cluster.signal(1, "SIGCONT");
       dc.cluster.signal(2, "SIGCONT");
+      await untilQuorum(dc.cluster);
     }
   });
 });
 
-exitAfterTests("test/replicated/close-review.test.ts");
+exitAfterTests("test/replicated/close.test.ts");
