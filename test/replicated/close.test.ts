@@ -62,7 +62,7 @@ const LIMIT_MS = 30_000;
 
 describe("review: close during and after a quorum loss", () => {
   let dc: Awaited<ReturnType<typeof devCluster>>;
-  const dirs = tempDir("close-review");
+  const dirs = tempDir("close");
   const storages: Storage[] = [];
   const logger = captureLogger();
   const make = (dataDir: string) => {
