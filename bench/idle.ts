@@ -16,6 +16,7 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { parseProcStat } from "./stats.js";
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url));
 
@@ -72,14 +73,7 @@ export async function clockTicksPerSecond(): Promise<number> {
  * (ENOENT) or the line cannot be parsed.
  */
 export async function readCpuTicks(pid: number): Promise<number> {
-  const stat = await readFile(`/proc/${pid}/stat`, "utf8");
-  // The command name (field 2) is in parentheses and may contain spaces or ")": split after the last ")".
-  const rest = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  // rest[0] is field 3 (state); utime and stime are fields 14 and 15.
-  const utime = Number(rest[11]);
-  const stime = Number(rest[12]);
-  if (!Number.isFinite(utime) || !Number.isFinite(stime)) throw new Error(`cannot parse /proc/${pid}/stat: ${stat}`);
-  return utime + stime;
+  return parseProcStat(await readFile(`/proc/${pid}/stat`, "utf8")).own;
 }
 
 function sleep(ms: number): Promise<void> {

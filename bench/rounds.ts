@@ -40,6 +40,8 @@ import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
 import { tagBatches } from "../chaos/support/tagging.js";
+import { startCpuWindow, type CpuBreakdown } from "./stats.js";
+import { clockTicksPerSecond } from "./idle.js";
 import { LoopModel } from "../chaos/support/loop-model.js";
 
 export { LoopModel };
@@ -119,10 +121,15 @@ interface RoundStats {
   readonly roundsPerSecond: number;
   readonly commitsPerRound: number;
   readonly cpuMsPerRound: number;
+  /** CPU of the whole machine in the run, by process (null without /proc). */
+  readonly machine: CpuBreakdown | null;
+  /** Rounds in the run, all sessions together (to divide `machine` by). */
+  readonly rounds: number;
 }
 
 /** The floor: `sessions` loops at once, each doing `rounds` x (3 raw commits + spawn of `true`). */
 async function floor(backend: Backend, sessions: number, rounds: number): Promise<RoundStats> {
+  const window = startCpuWindow(await hz());
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
   await Promise.all(
@@ -135,7 +142,8 @@ async function floor(backend: Backend, sessions: number, rounds: number): Promis
   );
   const ms = performance.now() - t0;
   const cpu = process.cpuUsage(cpu0);
-  return { msPerRound: ms / rounds, roundsPerSecond: (sessions * rounds * 1000) / ms, commitsPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / (sessions * rounds) };
+  const machine = window();
+  return { msPerRound: ms / rounds, roundsPerSecond: (sessions * rounds * 1000) / ms, commitsPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / (sessions * rounds), machine, rounds: sessions * rounds };
 }
 
 /** `sessions` runs of `rounds` rounds each, in one Harness. */
@@ -146,20 +154,26 @@ async function harnessRounds(backend: Backend, dir: string, sessions: number, ro
   mkdirSync(cwd, { recursive: true });
   const h = await Harness.open({ storage, name: `rounds-${tag}`, model: new LoopModel(rounds), workDir: join(dir, "work") });
   try {
+    const window = startCpuWindow(await hz());
     const cpu0 = process.cpuUsage();
     const t0 = performance.now();
     const ids = await Promise.all(Array.from({ length: sessions }, () => h.start({ goal: "loop", cwd, budgets: { max_rounds: rounds + 5 } })));
     const outcomes = await Promise.all(ids.map((id) => h.wait(id)));
     const ms = performance.now() - t0;
     const cpu = process.cpuUsage(cpu0);
+    const machine = window();
     for (const o of outcomes) if (o.result !== "success") throw new Error(`bench run ${o.session} ended ${o.result}: ${o.reason}`);
     const total = sessions * (rounds + 1);
-    return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: commits / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total };
+    return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: commits / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, machine, rounds: total };
   } finally {
     await h.close();
     await storage.close();
   }
 }
+
+/** Clock ticks per second of /proc's times (asked once, when first needed; 100 when getconf fails). */
+let ticksPerSecond: Promise<number> | null = null;
+const hz = (): Promise<number> => (ticksPerSecond ??= clockTicksPerSecond().catch(() => 100));
 
 const fmt = (x: number, d = 2) => (Number.isFinite(x) ? x.toFixed(d) : "-");
 
@@ -171,13 +185,35 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
   await harnessRounds(backend, dir, 1, 20, "warmup");
   console.log("(after an unmeasured 20-round warm-up run: the cell launcher started, the code compiled)");
   console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  harness CPU ms/round  floor CPU ms/round");
+  const machineRows: string[] = [];
+  let cores = 0;
   for (const sessions of sessionCounts) {
     const f = await floor(backend, sessions, sessions >= 64 ? Math.max(10, Math.floor(rounds / 4)) : rounds);
     const h = await harnessRounds(backend, dir, sessions, rounds);
     console.log(
       `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)}`,
     );
+    machineRows.push(machineRow(sessions, "harness", h), machineRow(sessions, "floor", f));
+    cores = h.machine?.cores ?? cores;
   }
+  if (machineRows.some((r) => r !== "")) {
+    console.log(`\nthe whole machine's CPU per round (ms, from /proc, in the same runs): this process; the cells (the cell launcher with the gates and cells it reaped, or the floor's spawned \`true\`); etcd (all members); the rest of the machine; the total; and the rounds/s that total allows on all ${cores} cores`);
+    console.log("sessions  run        this process  cells   etcd  rest  machine  machine-bound r/s");
+    for (const r of machineRows) if (r !== "") console.log(r);
+  }
+}
+
+/** One row of the machine table: CPU per round of each group in one run ("" without /proc). */
+function machineRow(sessions: number, run: string, s: RoundStats): string {
+  const m = s.machine;
+  if (m === null) return "";
+  const per = (x: number) => x / s.rounds;
+  const self = m.ms["self"] ?? 0;
+  const cells = (m.ms["cairn-launcher"] ?? 0) + (m.ms["reaped"] ?? 0);
+  const etcd = m.ms["etcd"] ?? 0;
+  const machine = m.ms["machine"] ?? 0;
+  const rest = Math.max(0, machine - self - cells - etcd);
+  return `${String(sessions).padStart(8)}  ${run.padEnd(9)} ${fmt(per(self)).padStart(13)} ${fmt(per(cells)).padStart(6)} ${fmt(per(etcd)).padStart(6)} ${fmt(per(rest)).padStart(5)} ${fmt(per(machine)).padStart(8)} ${fmt((m.cores * 1000) / per(machine), 0).padStart(18)}`;
 }
 
 /** Round-shaped events (9 per round: prepare, attempt, response, accept, queue, start, output, finish, observation). */

@@ -1,6 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { clockTicksPerSecond, measureIdle, readCpuTicks, runIdleBench } from "../../bench/idle.js";
+import { spawn } from "node:child_process";
+import { parseProcStat, startCpuWindow } from "../../bench/stats.js";
 
 test("readCpuTicks agrees with process.cpuUsage() on this process", async () => {
   const hz = await clockTicksPerSecond();
@@ -63,4 +65,39 @@ test("a process that exits before it is ready fails with its output, and one tha
     /exited before it was ready \(code 2[\s\S]*--db is required/,
   );
   await assert.rejects(measureIdle({ command: ["sleep", "30"], seconds: 1, readyTimeoutSeconds: 1 }), /not ready after 1s \(it printed no http:\/\/HOST:PORT\)/);
+});
+
+test("parseProcStat reads a name with spaces and parentheses, and refuses a line it cannot parse", () => {
+  // Fields: pid (name) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime ...
+  const line = "4242 (a (b) c) S 17 4242 4242 0 -1 4194560 100 0 0 0 31 7 50 3 20 0 1 0 12345 1000 200";
+  assert.deepEqual(parseProcStat(line), { name: "a (b) c", ppid: 17, own: 38, reaped: 53 });
+  assert.throws(() => parseProcStat("not a stat line"), /cannot parse/);
+});
+
+test("startCpuWindow attributes a busy child's CPU to its name, a reaped child's to `reaped`, and the machine total covers both", async () => {
+  const hz = await clockTicksPerSecond();
+  const burn = (ms: number) => `const t = process.cpuUsage(); while ((process.cpuUsage(t).user + process.cpuUsage(t).system) < ${ms * 1000}) {}`;
+  // A direct child that stays alive through the window (named "cairn-burner"): it burns once told to
+  // on stdin, inside the window, and says when it is done. And a child reaped inside the window.
+  const alive = spawn(process.execPath, ["-e", `process.title = "cairn-burner"; process.stdin.once("data", () => { ${burn(400)}; process.stdout.write("done"); }); setInterval(() => {}, 1000)`], { stdio: ["pipe", "pipe", "ignore"] });
+  await new Promise((r) => setTimeout(r, 300)); // started and renamed before the window opens
+  try {
+    const end = startCpuWindow(hz);
+    const done = new Promise((resolve) => alive.stdout.once("data", resolve));
+    alive.stdin.write("go\n");
+    await new Promise<void>((resolve, reject) => {
+      const reaped = spawn(process.execPath, ["-e", burn(300)], { stdio: "ignore" });
+      reaped.on("error", reject).on("exit", () => resolve());
+    });
+    await done;
+    const m = end();
+    assert.ok(m !== null, "/proc is readable here");
+    const tick = 1000 / hz;
+    assert.ok((m.ms["cairn-burner"] ?? 0) >= 400 - 2 * tick, `the live child's CPU: ${JSON.stringify(m.ms)}`);
+    assert.ok((m.ms["reaped"] ?? 0) >= 300 - 2 * tick, `the reaped child's CPU: ${JSON.stringify(m.ms)}`);
+    assert.ok(m.ms["machine"]! >= m.ms["cairn-burner"]! + m.ms["reaped"]! - 4 * tick, `the machine total covers both: ${JSON.stringify(m.ms)}`);
+    assert.ok(m.cores >= 1);
+  } finally {
+    alive.kill("SIGKILL");
+  }
 });
