@@ -12,6 +12,9 @@
  *   ratios to the floor; after one unmeasured 20-round warm-up run per adapter; beside the harness
  *   CPU, the floor's own CPU per round in this process (the client side of its three raw commits and
  *   of its spawn: on replicated, mostly the etcd client library, which the harness pays too);
+ * - for the same runs, the whole machine's CPU per round from /proc (Linux): this process, the cells
+ *   (the cell launcher with what it reaped; the floor's spawned `true`), etcd's members, the rest,
+ *   the total, and the rounds/s that total allows on the machine's cores;
  * - resume: Harness.open + resume() of databases of 10k, 100k and 1M events after a snapshot
  *   (sqlite; replicated with an empty data dir, the rebuild of the local copy included), beside the
  *   read + fold of the whole log without a snapshot; and etcd's database size after compaction and
