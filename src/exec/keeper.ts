@@ -165,13 +165,21 @@ export class CellKeeper {
   /** Starts a keeper and hands it the lease deadline and every group held. */
   private ensure(): void {
     if (this.child !== null || this.closed) return;
-    const child = spawn(process.execPath, ["-e", KEEPER_SCRIPT, "cairn-keeper", this.label], {
-      detached: true,
-      stdio: ["pipe", "ignore", "ignore"],
-      env: { PATH: process.env.PATH ?? "/usr/bin:/bin" },
-    });
     this.started++;
     this.recentStarts = [...this.recentStarts.filter((t) => performance.now() - t < RESTART_WINDOW_MS), performance.now()];
+    let child: ChildProcess;
+    try {
+      child = spawn(process.execPath, ["-e", KEEPER_SCRIPT, "cairn-keeper", this.label], {
+        detached: true,
+        stdio: ["pipe", "ignore", "ignore"],
+        env: { PATH: process.env.PATH ?? "/usr/bin:/bin" },
+      });
+    } catch {
+      // Node throws for some spawn failures (ENOMEM, an argument it refuses) instead of emitting
+      // "error": the same as a keeper that exited at once, never an exception out of add() or a timer.
+      this.restart();
+      return;
+    }
     // A spawn that fails emits "error" and no "exit": either way the keeper is gone.
     child.on("error", () => this.keeperExited(child));
     child.on("exit", () => this.keeperExited(child));
@@ -195,6 +203,11 @@ export class CellKeeper {
   private keeperExited(child: ChildProcess): void {
     if (this.child !== child) return;
     this.child = null;
+    this.restart();
+  }
+
+  /** Starts a keeper in place of one that is gone, if it holds groups (see keeperExited). */
+  private restart(): void {
     if (this.closed || this.held.size === 0 || this.restartTimer !== null) return;
     // At once; only a keeper that keeps dying (RESTARTS_AT_ONCE in RESTART_WINDOW_MS: it cannot
     // start, or something kills it in a loop) is restarted once a second, so that this never spins.

@@ -25,7 +25,9 @@ const IDENTITY = pathToFileURL(new URL("../../src/exec/identity.ts", import.meta
  * `remaining` ms from now (as if renewed in time for as long as the owner runs), prints
  * "ready CELL KEEPER", and obeys lines on stdin: "spawn" (another cell), "drop PID", "close-clear",
  * "close-keep", "add-wrong" (the first cell again with a wrong start time), "pid" (the keeper's pid
- * and how many keepers were started).
+ * and how many keepers were started), "break missing" / "break nul" (keepers cannot be started: the
+ * node binary is gone, so spawn emits "error"; or spawn throws at once), "fix" (they can again).
+ * An uncaught error ends the owner with "crash" on stdout.
  */
 const OWNER = `
 import { spawn } from "node:child_process";
@@ -41,6 +43,8 @@ function cell() {
   return c.pid;
 }
 const first = cell();
+const execPath = process.execPath;
+process.on("uncaughtException", (err) => { console.log("crash " + JSON.stringify(String(err))); process.exit(70); });
 setInterval(() => {}, 1000);
 setTimeout(() => console.log("ready " + first + " " + keeper.pid), 100);
 createInterface({ input: process.stdin }).on("line", (line) => {
@@ -51,6 +55,8 @@ createInterface({ input: process.stdin }).on("line", (line) => {
   if (cmd === "close-keep") keeper.close(false);
   if (cmd === "add-wrong") keeper.add(first, "1");
   if (cmd === "pid") console.log("keeper " + keeper.pid + " " + keeper.keepersStarted);
+  if (cmd === "break") process.execPath = arg === "nul" ? "node" + String.fromCharCode(0) : "/nonexistent/cairn-test/node";
+  if (cmd === "fix") process.execPath = execPath;
   console.log("done " + line);
 });
 `;
@@ -112,7 +118,11 @@ async function owner(remainingMs: number) {
   const say = async (line: string) => {
     const seen = lines.filter((l) => l === `done ${line}`).length;
     child.stdin!.write(`${line}\n`);
-    await until(`answer to ${line}`, () => lines.filter((l) => l === `done ${line}`).length > seen, 60_000);
+    await until(`answer to ${line}`, () => {
+      const crash = lines.find((l) => l.startsWith("crash "));
+      if (crash !== undefined) throw new Error(`the owner crashed: ${crash}`);
+      return lines.filter((l) => l === `done ${line}`).length > seen;
+    }, 60_000);
   };
   const keeperNow = async () => {
     await say("pid");
@@ -315,4 +325,27 @@ describe("cell keeper", () => {
     assert.ok(alive(o.cell), "a cleared cell was killed");
     o.child.kill("SIGKILL");
   });
+
+  for (const how of ["missing", "nul"] as const) {
+    it(`a keeper that cannot be started (${how === "missing" ? "the node binary gone: spawn emits an error" : "spawn throws"}) never crashes its owner; once it can, a keeper holds every cell`, async () => {
+      const o = await owner(1500);
+      await o.say(`break ${how}`);
+      process.kill(o.keeper, "SIGKILL");
+      // Restarts fail: at once up to 5 in 10 s, then once a second; the owner runs on and answers.
+      await until("failed restarts", async () => ((await o.keeperNow()).started >= 6 ? true : undefined), 60_000, 50);
+      const second = await o.spawnCell(); // an add with no keeper: tries to start one, fails, no throw
+      const tried = (await o.keeperNow()).started;
+      await sleep(2500);
+      const later = await o.keeperNow();
+      assert.ok(later.started - tried <= 4, `restarts while the keeper cannot start: ${later.started - tried} in 2.5 s (once a second expected)`);
+      assert.equal(keepers(o.label).length, 0, "no keeper runs while none can be started");
+      await o.say("fix");
+      const k = await until("a keeper once spawning works again", () => keepers(o.label)[0], 60_000, 20);
+      pids.push(k);
+      await sleep(500); // it got the deadline and both groups with its first lines
+      o.child.kill("SIGSTOP");
+      await until("both cells killed by the keeper when the owner freezes", () => !alive(o.cell) && !alive(second), 60_000);
+      o.child.kill("SIGKILL");
+    });
+  }
 });
