@@ -3,7 +3,9 @@
  * 3-member etcd cluster (written first as an adversarial review): close returns while a commit waits
  * for the lost quorum (members killed or frozen, close called twice beside Storage.close(), a printing
  * cell running), nothing acknowledged is lost, no cell runs twice, the next owner resumes the run, no
- * promise rejection goes unhandled, and the closing process exits by itself.
+ * promise rejection goes unhandled, and the closing process exits by itself. Also: etcd revoking the
+ * owner's lease under it (a bug of etcd before 3.5.13 does it to every lease when a paused leader
+ * resumes): the owner kills its cell, stops and says why.
  */
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -215,6 +217,53 @@ describe("review: close during and after a quorum loss", () => {
     const ms = await timed(Promise.all([h.close(), storage.close()]), "close after the quorum returned");
     assert.ok(ms < LIMIT_MS, `close took ${Math.round(ms)} ms`);
     await checkAfter("back3", acked, work, new LoopModel(60), "s3");
+    assert.deepEqual(rejections, []);
+  });
+
+  it("etcd revokes every lease under a running cell (as etcd before 3.5.13 does when a paused leader resumes, etcd#15247): the owner kills the cell and stops saying so; the next owner resumes; the cell never runs twice", async () => {
+    const work = `${dirs.dir}/w5`;
+    const marker = `${dirs.dir}/marker5`;
+    const storage = make(`${dirs.dir}/a5`);
+    const h = await Harness.open({ storage, name: "revoked", model: new StreamModel(marker), workDir: work, snapshots: false });
+    const acked = new Set<string>();
+    let pgid = 0;
+    h.follow((logged) =>
+      logged.forEach((e) => {
+        acked.add(e.identity);
+        if (e.kind === "execution_started") pgid = (e.body as { pgid: number }).pgid;
+      }),
+    );
+    const session = await h.start({ goal: "stream", cwd: dirs.dir, budgets: { max_rounds: 5 } });
+    const ended = h.wait(session).then(
+      (o) => `ended ${o.result}: ${o.reason}`,
+      (err: unknown) => String(err),
+    );
+    const groupAlive = (): boolean => {
+      try {
+        process.kill(-pgid, 0);
+        return true;
+      } catch {
+        return false;
+      }
+    };
+    await eventually(() => pgid > 0 && acked.size >= 10, "the cell runs and prints", 20_000);
+    const { Etcd3 } = await import("etcd3");
+    const admin = new Etcd3({ hosts: [...dc.cluster.endpoints] });
+    try {
+      const { leases } = await admin.leaseClient.leaseLeases();
+      assert.ok(leases.length >= 1, "the owner holds an etcd lease");
+      for (const l of leases) await admin.leaseClient.leaseRevoke({ ID: l.ID });
+    } finally {
+      admin.close();
+    }
+    // The owner learns it from its next renewal (every 500 ms), kills its cells and stops acting.
+    assert.match(await bounded(ended, "the owner to stop", LIMIT_MS), /lost the ownership lease.*etcd reports the ownership lease expired/);
+    await eventually(() => !groupAlive(), "the cell's process group to be killed", LIMIT_MS);
+    await timed(h.close(), "Harness.close() after the lease was revoked");
+    await timed(storage.close(), "Storage.close() after the lease was revoked");
+    await checkAfter("revoked", acked, work, new StreamModel(marker), "s5");
+    const runs = readFileSync(marker, "utf8").trim().split("\n").length;
+    assert.equal(runs, 1, "the cell ran more than once");
     assert.deepEqual(rejections, []);
   });
 
