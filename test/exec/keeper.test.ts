@@ -61,14 +61,16 @@ createInterface({ input: process.stdin }).on("line", (line) => {
 });
 `;
 
-const procState = (pid: number): string | null => {
+/** The fields of /proc/PID/stat after the name (state first, then ppid), or null when it is gone. */
+const procFields = (pid: number): string[] | null => {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3);
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ");
   } catch {
     return null;
   }
 };
+const procState = (pid: number): string | null => procFields(pid)?.[0] ?? null;
 const alive = (pid: number): boolean => {
   const s = procState(pid);
   return s !== null && s !== "Z";
@@ -310,7 +312,7 @@ describe("cell keeper", () => {
     assert.ok(alive(current), "a keeper runs again");
     o.child.kill("SIGSTOP");
     await until("the frozen owner's cell killed by the last keeper", () => !alive(o.cell), 60_000).catch((err: Error) => {
-      const ppid = (pid: number) => { try { const t = readFileSync(`/proc/${pid}/stat`, "utf8"); return t.slice(t.lastIndexOf(")") + 2).split(" ")[1]; } catch { return "?"; } };
+      const ppid = (pid: number) => procFields(pid)?.[1] ?? "?";
       const cmd = (pid: number) => { try { return readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ").slice(0, 80); } catch { return "?"; } };
       const ks = keepers(o.label).map((k) => `${k} state ${procState(k)} ppid ${ppid(k)} ${cmd(k)}`);
       throw new Error(`${err.message}; current ${current} (${procState(current)}, ppid ${ppid(current)}); owner ${o.child.pid}; keepers now: ${ks.join(" | ") || "none"}; waits ${waits.map(Math.round).join(", ")}`);

@@ -12,13 +12,12 @@ import { spawn } from "node:child_process";
 import { readFileSync, existsSync } from "node:fs";
 import { createInterface } from "node:readline";
 import { pathToFileURL } from "node:url";
-import { after, before, describe, it } from "node:test";
+import { describe, it } from "node:test";
 import type { Storage } from "../../src/storage/contract.js";
 import type { Model, ModelReply, ModelRequest } from "../../src/model/contract.js";
-import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import { Harness } from "../../src/harness/harness.js";
 import { LoopModel } from "../../chaos/support/loop-model.js";
-import { bounded, captureLogger, devCluster, eventually, tempDir, untilQuorum } from "./helpers.js";
+import { bounded, clusterSuite, eventually, untilQuorum } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
 
 const rejections: unknown[] = [];
@@ -63,25 +62,8 @@ class StreamModel implements Model {
 const LIMIT_MS = 30_000;
 
 describe("review: close during and after a quorum loss", () => {
-  let dc: Awaited<ReturnType<typeof devCluster>>;
-  const dirs = tempDir("close");
-  const storages: Storage[] = [];
-  const logger = captureLogger();
-  const make = (dataDir: string) => {
-    const s = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir, commitTimeoutMs: 1500, healthIntervalMs: 250, logger });
-    storages.push(s);
-    return s;
-  };
-
-  before(async () => {
-    dc = await devCluster();
-  });
-  after(async () => {
-    for (let i = 0; i < 3; i++) dc?.cluster.signal(i, "SIGCONT");
-    for (const s of storages) await s.close().catch(() => undefined);
-    await dc?.stop();
-    dirs.remove();
-  });
+  const suite = clusterSuite("close");
+  const { dirs, make, cluster } = suite;
 
   /** Every acknowledged (followed) identity is in a fresh opener's log; no execution started twice; a resumed run succeeds. */
   async function checkAfter(name: string, acked: Set<string>, work: string, model: Model, tag: string): Promise<string[]> {
@@ -119,49 +101,15 @@ describe("review: close during and after a quorum loss", () => {
     return { h, storage, acked, work };
   }
 
-  it("members killed: close returns while a commit waits for the lost quorum (at most a lease length), and the next owner resumes the run", async () => {
-    const { h, storage, acked, work } = await startLoop("closing", "k0");
-    await dc.cluster.kill(1);
-    await dc.cluster.kill(2);
-    try {
-      // The scenario under test: a commit of the harness is in flight, waiting for the quorum.
-      await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "a commit waits for the lost quorum");
-      // Before the fix this waited for the quorum forever.
-      await timed(h.close(), "Harness.close() while the quorum is lost");
-      await timed(storage.close(), "Storage.close() while the quorum is lost");
-      assert.equal(h.status, "closed");
-    } finally {
-      await dc.cluster.restart(1);
-      await dc.cluster.restart(2);
-      await untilQuorum(dc.cluster);
-    }
-    const kinds = await checkAfter("closing", acked, work, new LoopModel(60), "k0");
-    assert.equal(kinds.filter((k) => k === "execution_started").length, kinds.filter((k) => k === "execution_finished").length, "every started cell has a result (a finished one, or UnknownExecution)");
-    assert.deepEqual(rejections, []);
-  });
-
-  it("quorum lost by SIGSTOP: close twice and storage.close() at once return within a lease length; nothing acknowledged lost", async () => {
-    const { h, storage, acked, work } = await startLoop("stop1", "s1");
-    dc.cluster.signal(1, "SIGSTOP");
-    dc.cluster.signal(2, "SIGSTOP");
-    await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "a commit waits for the frozen quorum");
-    const ms = await timed(Promise.all([h.close(), h.close(), storage.close()]), "close x2 + storage.close while frozen");
-    const ackedAtClose = acked.size;
-    dc.cluster.signal(1, "SIGCONT");
-    dc.cluster.signal(2, "SIGCONT");
-    await untilQuorum(dc.cluster);
-    assert.ok(ms < LIMIT_MS, `close took ${Math.round(ms)} ms`);
-    assert.equal(h.status, "closed");
-    await checkAfter("stop1", acked, work, new LoopModel(60), "s1");
-    assert.equal(acked.size, ackedAtClose, "a commit was acknowledged to the closed harness's followers after close returned");
-    assert.deepEqual(rejections, []);
-  });
-
-  it("close while a printing cell runs and the quorum is lost (killed): bounded, the cell is killed, it never runs twice", async () => {
-    const work = `${dirs.dir}/w2`;
-    const marker = `${dirs.dir}/marker2`;
-    const storage = make(`${dirs.dir}/a2`);
-    const h = await Harness.open({ storage, name: "cell2", model: new StreamModel(marker), workDir: work, snapshots: false });
+  /**
+   * A StreamModel run on database `name` whose printing cell has started and printed: the harness,
+   * its storage, every identity its followers saw, and the cell's process group.
+   */
+  async function startStream(name: string, tag: string): Promise<{ h: Harness; storage: Storage; acked: Set<string>; work: string; marker: string; pgid: number; session: string }> {
+    const work = `${dirs.dir}/w-${tag}`;
+    const marker = `${dirs.dir}/marker-${tag}`;
+    const storage = make(`${dirs.dir}/a-${tag}`);
+    const h = await Harness.open({ storage, name, model: new StreamModel(marker), workDir: work, snapshots: false });
     const acked = new Set<string>();
     const kinds: string[] = [];
     let pgid = 0;
@@ -172,34 +120,83 @@ describe("review: close during and after a quorum loss", () => {
         if (e.kind === "execution_started") pgid = (e.body as { pgid: number }).pgid;
       }),
     );
-    await h.start({ goal: "stream", cwd: dirs.dir, budgets: { max_rounds: 5 } });
+    const session = await h.start({ goal: "stream", cwd: dirs.dir, budgets: { max_rounds: 5 } });
     try {
       await eventually(() => pgid > 0 && acked.size >= 10, "the cell runs and prints", 20_000);
     } catch (err) {
       await h.close();
       throw new Error(`${(err as Error).message}: ${kinds.join(" ")}`);
     }
-    await dc.cluster.kill(1);
-    await dc.cluster.kill(2);
+    return { h, storage, acked, work, marker, pgid, session };
+  }
+
+  /** Whether any process of group `pgid` is alive. */
+  const groupAlive = (pgid: number): boolean => {
+    try {
+      process.kill(-pgid, 0);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+
+  it("members killed: close returns while a commit waits for the lost quorum (at most a lease length), and the next owner resumes the run", async () => {
+    const { h, storage, acked, work } = await startLoop("closing", "k0");
+    await cluster().kill(1);
+    await cluster().kill(2);
+    try {
+      // The scenario under test: a commit of the harness is in flight, waiting for the quorum.
+      await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "a commit waits for the lost quorum");
+      // Before the fix this waited for the quorum forever.
+      await timed(h.close(), "Harness.close() while the quorum is lost");
+      await timed(storage.close(), "Storage.close() while the quorum is lost");
+      assert.equal(h.status, "closed");
+    } finally {
+      await cluster().restart(1);
+      await cluster().restart(2);
+      await untilQuorum(cluster());
+    }
+    const kinds = await checkAfter("closing", acked, work, new LoopModel(60), "k0");
+    assert.equal(kinds.filter((k) => k === "execution_started").length, kinds.filter((k) => k === "execution_finished").length, "every started cell has a result (a finished one, or UnknownExecution)");
+    assert.deepEqual(rejections, []);
+  });
+
+  it("quorum lost by SIGSTOP: close twice and storage.close() at once return within a lease length; nothing acknowledged lost", async () => {
+    const { h, storage, acked, work } = await startLoop("stop1", "s1");
+    cluster().signal(1, "SIGSTOP");
+    cluster().signal(2, "SIGSTOP");
+    await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "a commit waits for the frozen quorum");
+    const ms = await timed(Promise.all([h.close(), h.close(), storage.close()]), "close x2 + storage.close while frozen");
+    const ackedAtClose = acked.size;
+    cluster().signal(1, "SIGCONT");
+    cluster().signal(2, "SIGCONT");
+    await untilQuorum(cluster());
+    assert.ok(ms < LIMIT_MS, `close took ${Math.round(ms)} ms`);
+    assert.equal(h.status, "closed");
+    await checkAfter("stop1", acked, work, new LoopModel(60), "s1");
+    assert.equal(acked.size, ackedAtClose, "a commit was acknowledged to the closed harness's followers after close returned");
+    assert.deepEqual(rejections, []);
+  });
+
+  it("close while a printing cell runs and the quorum is lost (killed): bounded, the cell is killed, it never runs twice", async () => {
+    const { h, storage, acked, work, marker, pgid } = await startStream("cell2", "2");
+    await cluster().kill(1);
+    await cluster().kill(2);
     let ms: number, ms2: number;
-    let groupAlive = true;
+    let alive = true;
     try {
       await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "an output commit waits");
       ms = await timed(h.close(), "Harness.close() with a running cell that prints, quorum lost", 30_000);
       ms2 = await timed(storage.close(), "storage.close");
-      try {
-        process.kill(-pgid, 0);
-      } catch {
-        groupAlive = false;
-      }
+      alive = groupAlive(pgid);
     } finally {
-      await dc.cluster.restart(1);
-      await dc.cluster.restart(2);
-      await untilQuorum(dc.cluster);
+      await cluster().restart(1);
+      await cluster().restart(2);
+      await untilQuorum(cluster());
     }
     assert.ok(ms < LIMIT_MS, `Harness.close took ${Math.round(ms)} ms`);
     assert.ok(ms2 < LIMIT_MS, `storage.close took ${Math.round(ms2)} ms`);
-    assert.equal(groupAlive, false, "the cell's process group outlived close");
+    assert.equal(alive, false, "the cell's process group outlived close");
     await checkAfter("cell2", acked, work, new StreamModel(marker), "s2");
     const runs = existsSync(marker) ? readFileSync(marker, "utf8").trim().split("\n").length : 0;
     assert.equal(runs, 1, "the cell ran more than once");
@@ -208,12 +205,12 @@ describe("review: close during and after a quorum loss", () => {
 
   it("close right after the quorum returns: bounded, every acknowledged commit in the log, the run resumes", async () => {
     const { h, storage, acked, work } = await startLoop("back3", "s3");
-    await dc.cluster.kill(1);
-    await dc.cluster.kill(2);
+    await cluster().kill(1);
+    await cluster().kill(2);
     await eventually(() => (h.storageState().stats.backlogCommits ?? 0) >= 1, "a commit waits");
     await new Promise((r) => setTimeout(r, 1000));
-    await dc.cluster.restart(1);
-    await dc.cluster.restart(2);
+    await cluster().restart(1);
+    await cluster().restart(2);
     const ms = await timed(Promise.all([h.close(), storage.close()]), "close after the quorum returned");
     assert.ok(ms < LIMIT_MS, `close took ${Math.round(ms)} ms`);
     await checkAfter("back3", acked, work, new LoopModel(60), "s3");
@@ -221,34 +218,13 @@ describe("review: close during and after a quorum loss", () => {
   });
 
   it("etcd revokes every lease under a running cell (as etcd before 3.5.13 does when a paused leader resumes, etcd#15247): the owner kills the cell and stops saying so; the next owner resumes; the cell never runs twice", async () => {
-    const work = `${dirs.dir}/w5`;
-    const marker = `${dirs.dir}/marker5`;
-    const storage = make(`${dirs.dir}/a5`);
-    const h = await Harness.open({ storage, name: "revoked", model: new StreamModel(marker), workDir: work, snapshots: false });
-    const acked = new Set<string>();
-    let pgid = 0;
-    h.follow((logged) =>
-      logged.forEach((e) => {
-        acked.add(e.identity);
-        if (e.kind === "execution_started") pgid = (e.body as { pgid: number }).pgid;
-      }),
-    );
-    const session = await h.start({ goal: "stream", cwd: dirs.dir, budgets: { max_rounds: 5 } });
+    const { h, storage, acked, work, marker, pgid, session } = await startStream("revoked", "5");
     const ended = h.wait(session).then(
       (o) => `ended ${o.result}: ${o.reason}`,
       (err: unknown) => String(err),
     );
-    const groupAlive = (): boolean => {
-      try {
-        process.kill(-pgid, 0);
-        return true;
-      } catch {
-        return false;
-      }
-    };
-    await eventually(() => pgid > 0 && acked.size >= 10, "the cell runs and prints", 20_000);
     const { Etcd3 } = await import("etcd3");
-    const admin = new Etcd3({ hosts: [...dc.cluster.endpoints] });
+    const admin = new Etcd3({ hosts: [...cluster().endpoints] });
     try {
       const { leases } = await admin.leaseClient.leaseLeases();
       assert.ok(leases.length >= 1, "the owner holds an etcd lease");
@@ -258,7 +234,7 @@ describe("review: close during and after a quorum loss", () => {
     }
     // The owner learns it from its next renewal (every 500 ms), kills its cells and stops acting.
     assert.match(await bounded(ended, "the owner to stop", LIMIT_MS), /lost the ownership lease.*etcd reports the ownership lease expired/);
-    await eventually(() => !groupAlive(), "the cell's process group to be killed", LIMIT_MS);
+    await eventually(() => !groupAlive(pgid), "the cell's process group to be killed", LIMIT_MS);
     await timed(h.close(), "Harness.close() after the lease was revoked");
     await timed(storage.close(), "Storage.close() after the lease was revoked");
     await checkAfter("revoked", acked, work, new StreamModel(marker), "s5");
@@ -296,15 +272,15 @@ rl.on("line", async () => {
 });
 process.on("unhandledRejection", (e) => { console.log("unhandled " + String(e)); });
 `;
-    const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script, dc.cluster.endpoints.join(","), `${dirs.dir}/a4`, `${dirs.dir}/w4`, dirs.dir], { stdio: ["pipe", "pipe", "inherit"] });
+    const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script, cluster().endpoints.join(","), `${dirs.dir}/a4`, `${dirs.dir}/w4`, dirs.dir], { stdio: ["pipe", "pipe", "inherit"] });
     const lines: string[] = [];
     createInterface({ input: child.stdout! }).on("line", (l) => lines.push(l));
     let exited: number | null = null;
     const exit = new Promise<void>((r) => child.on("exit", () => { exited = performance.now(); r(); }));
     try {
       await eventually(() => lines.some((l) => l.startsWith("events ") && Number(l.split(" ")[1]) >= 20), "the child runs rounds", 90_000);
-      dc.cluster.signal(1, "SIGSTOP");
-      dc.cluster.signal(2, "SIGSTOP");
+      cluster().signal(1, "SIGSTOP");
+      cluster().signal(2, "SIGSTOP");
       await eventually(() => lines.some((l) => l.startsWith("events ") && Number(l.split(" ")[2]) >= 1), "a commit waits in the child");
       child.stdin!.write("close\n");
       await eventually(() => lines.some((l) => l.startsWith("closed ")), "the child's close", 30_000);
@@ -317,9 +293,9 @@ process.on("unhandledRejection", (e) => { console.log("unhandled " + String(e));
       assert.ok(exited! - closedAt >= 0);
     } finally {
       child.kill("SIGKILL");
-      dc.cluster.signal(1, "SIGCONT");
-      dc.cluster.signal(2, "SIGCONT");
-      await untilQuorum(dc.cluster);
+      cluster().signal(1, "SIGCONT");
+      cluster().signal(2, "SIGCONT");
+      await untilQuorum(cluster());
     }
   });
 });

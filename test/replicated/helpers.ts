@@ -8,8 +8,10 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { event, type NewEvent } from "../../src/state/events.js";
+import { after, before } from "node:test";
 import { startDevCluster, type DevCluster, type DevClusterOptions } from "../../storage-adapters/replicated/devcluster.js";
-import type { ReplicatedLogger } from "../../storage-adapters/replicated/index.js";
+import { createReplicatedStorage, type ReplicatedLogger } from "../../storage-adapters/replicated/index.js";
+import type { Storage } from "../../src/storage/contract.js";
 
 /** A fixed timestamp: the storage never interprets `at`. */
 export const AT = "2025-01-02T03:04:05.678Z";
@@ -50,6 +52,47 @@ export async function devCluster(options: Omit<DevClusterOptions, "dir"> = {}): 
     stop: async () => {
       await cluster.stop();
       remove();
+    },
+  };
+}
+
+/**
+ * One cluster for the calling suite (call inside `describe`): started before its tests; after them
+ * every member is continued (a test may have left one frozen), every storage `make` created is
+ * closed, the cluster stopped and the data directories removed. `make(dataDir, extra)` creates a
+ * storage on it with short deadlines (commit 1.5 s, health every 250 ms) and the captured logger.
+ */
+export function clusterSuite(prefix: string): {
+  readonly cluster: () => DevCluster;
+  readonly dirs: { dir: string; remove: () => void };
+  readonly logger: ReturnType<typeof captureLogger>;
+  make: (dataDir: string, extra?: Partial<Parameters<typeof createReplicatedStorage>[0]>) => Storage;
+} {
+  let dc: Awaited<ReturnType<typeof devCluster>> | undefined;
+  const dirs = tempDir(prefix);
+  const storages: Storage[] = [];
+  const logger = captureLogger();
+  before(async () => {
+    dc = await devCluster();
+  });
+  after(async () => {
+    for (let i = 0; i < 3; i++) dc?.cluster.signal(i, "SIGCONT");
+    for (const s of storages) await s.close().catch(() => undefined);
+    await dc?.stop();
+    dirs.remove();
+  });
+  const cluster = (): DevCluster => {
+    if (dc === undefined) throw new Error("clusterSuite: the cluster is started in before(); use it inside a test");
+    return dc.cluster;
+  };
+  return {
+    cluster,
+    dirs,
+    logger,
+    make: (dataDir, extra = {}) => {
+      const s = createReplicatedStorage({ endpoints: cluster().endpoints, dataDir, commitTimeoutMs: 1500, healthIntervalMs: 250, logger, ...extra });
+      storages.push(s);
+      return s;
     },
   };
 }

@@ -8,32 +8,15 @@
  * Members are numbered 0..2 and each case leaves the cluster whole again for the next.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, it } from "node:test";
-import type { CommitReceipt, Storage } from "../../src/storage/contract.js";
-import { createReplicatedStorage, type ReplicatedStats } from "../../storage-adapters/replicated/index.js";
-import { bounded, captureLogger, devCluster, eventually, ev, stillPending, tempDir } from "./helpers.js";
+import { describe, it } from "node:test";
+import type { CommitReceipt } from "../../src/storage/contract.js";
+import type { ReplicatedStats } from "../../storage-adapters/replicated/index.js";
+import { bounded, clusterSuite, ev, eventually, stillPending } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
 
 describe("replicated adapter under member loss", () => {
-  let dc: Awaited<ReturnType<typeof devCluster>>;
-  const dirs = tempDir("members");
-  const storages: Storage[] = [];
-  const logger = captureLogger();
-  const make = (dataDir: string, extra: Partial<Parameters<typeof createReplicatedStorage>[0]> = {}) => {
-    const s = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir, commitTimeoutMs: 1500, healthIntervalMs: 250, logger, ...extra });
-    storages.push(s);
-    return s;
-  };
-
-  before(async () => {
-    dc = await devCluster();
-  });
-  after(async () => {
-    for (let i = 0; i < 3; i++) dc?.cluster.signal(i, "SIGCONT");
-    for (const s of storages) await s.close().catch(() => undefined);
-    await dc?.stop();
-    dirs.remove();
-  });
+  const suite = clusterSuite("members");
+  const { dirs, make, logger, cluster } = suite;
 
   it("one member down: commits resolve; two down: a commit waits; one back: it resolves and a fresh open has every acknowledged commit", async () => {
     const db = await make(`${dirs.dir}/a`).open("outage");
@@ -45,14 +28,14 @@ describe("replicated adapter under member loss", () => {
     };
     for (let i = 0; i < 5; i++) await commit(`before${i}`);
 
-    await dc.cluster.kill(0);
-    assert.equal((await dc.cluster.status()).reachable, 2);
+    await cluster().kill(0);
+    assert.equal((await cluster().status()).reachable, 2);
     for (let i = 0; i < 10; i++) await bounded(commit(`one-down${i}`), "commit with one member down");
     assert.equal(acked.length, 15);
     await eventually(() => db.stats().membersReachable === 2, "stats see one member unreachable");
     assert.equal(db.stats().quorumHeld, true, "one member down is no quorum loss");
 
-    await dc.cluster.kill(1);
+    await cluster().kill(1);
     const waiting = commit("no-quorum");
     assert.equal(await stillPending(waiting, 5000), "pending", "a commit without quorum must wait, not resolve or fail");
     await eventually(() => (db.stats() as ReplicatedStats).quorumHeld === false, "stats report the quorum lost");
@@ -62,7 +45,7 @@ describe("replicated adapter under member loss", () => {
     assert.ok((st.membersReachable ?? 3) < 2);
     assert.ok(logger.lines.some((l) => l.includes("etcd quorum lost")), "the loss is logged");
 
-    await dc.cluster.restart(0);
+    await cluster().restart(0);
     const receipt = await bounded(waiting, "the waiting commit after a member came back");
     assert.deepEqual(receipt, { firstSeq: 16, lastSeq: 16 });
     await eventually(() => (db.stats() as ReplicatedStats).quorumHeld === true, "stats report the quorum back");
@@ -73,14 +56,14 @@ describe("replicated adapter under member loss", () => {
     const fresh = await make(`${dirs.dir}/fresh`).open("outage");
     assert.deepEqual((await fresh.read()).map((e) => e.identity), acked, "every acknowledged commit, in order, exactly once");
     await fresh.close();
-    await dc.cluster.restart(1);
+    await cluster().restart(1);
   });
 
   it('onOutage "reject": past backlogLimit, new commits are refused with backlog_full while the quorum is lost', async () => {
     const db = await make(`${dirs.dir}/r`, { onOutage: "reject", backlogLimit: 2 }).open("rejecting");
     await db.commit([ev("r0")]);
-    await dc.cluster.kill(1);
-    await dc.cluster.kill(2);
+    await cluster().kill(1);
+    await cluster().kill(2);
     await eventually(() => db.stats().quorumHeld === false, "the quorum is seen lost");
     const waiting = [db.commit([ev("w1")]), db.commit([ev("w2")])];
     for (const p of waiting) void p.catch(() => undefined);
@@ -91,8 +74,8 @@ describe("replicated adapter under member loss", () => {
       return true;
     });
     assert.equal(await stillPending(Promise.all(waiting), 1000), "pending");
-    await dc.cluster.restart(1);
-    await dc.cluster.restart(2);
+    await cluster().restart(1);
+    await cluster().restart(2);
     const receipts = await bounded(Promise.all(waiting), "the waiting commits after the quorum came back");
     assert.deepEqual(receipts.map((r) => r.firstSeq).sort(), [2, 3]);
     const ids = (await db.read()).map((e) => e.identity);
@@ -110,12 +93,12 @@ describe("replicated adapter under member loss", () => {
     await db.commit([ev("u0")]);
     const txnsBefore = (db.stats() as ReplicatedStats).commitTxns;
     // Freeze every member: the request reaches nobody that can answer; the client's deadline passes.
-    for (let i = 0; i < 3; i++) dc.cluster.signal(i, "SIGSTOP");
+    for (let i = 0; i < 3; i++) cluster().signal(i, "SIGSTOP");
     const pending = db.commit([ev("u1")]);
     try {
       assert.equal(await stillPending(pending, 6000), "pending");
     } finally {
-      for (let i = 0; i < 3; i++) dc.cluster.signal(i, "SIGCONT");
+      for (let i = 0; i < 3; i++) cluster().signal(i, "SIGCONT");
     }
     assert.deepEqual(await bounded(pending, "the frozen commit after thawing"), { firstSeq: 2, lastSeq: 2 });
     assert.ok((db.stats() as ReplicatedStats).commitTxns - txnsBefore >= 2, "the commit was sent again after the deadline");
