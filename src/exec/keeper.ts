@@ -10,9 +10,10 @@
  *
  * So the owner starts a keeper (lazily, with its first cell): a detached process in its own process
  * group, fed through a pipe. The owner tells it each cell's process group (with the leader's start
- * time, so a recycled pid is never signalled) and, every 250 ms, how long its lease is still sure to
- * be held. The keeper SIGKILLs every group it holds when that deadline passes without a newer one:
- * the owner froze, died, or lost the lease. When the pipe closes (the owner exited or closed), groups
+ * time, so a recycled pid is never signalled) and, every 250 ms, until when its lease is still sure
+ * to be held. The keeper SIGKILLs every group it holds when that deadline passes without a newer one:
+ * the owner froze, died, or lost the lease. A new keeper gets the deadline and the groups in its
+ * arguments, so an owner that freezes right after starting it has still handed it everything. When the pipe closes (the owner exited or closed), groups
  * the owner did not clear are killed at the deadline too, so same-host recovery still finds the
  * survivors of a crash until then, as before. An owner that stops its cells itself clears them.
  *
@@ -26,12 +27,23 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { readProcStat } from "./procfs.js";
 
-/** The keeper program (plain JavaScript, run by this Node with `-e`): reads commands, one per line. */
+/**
+ * The keeper program (plain JavaScript, run by this Node with `-e`). Its arguments: "cairn-keeper",
+ * the label, the deadline, and the groups held ("PGID:START,..."), so that it holds them from its
+ * first instruction: an owner that freezes right after starting it (before writing a line) is still
+ * covered. Then it reads commands, one per line. A deadline is a time on CLOCK_MONOTONIC in
+ * nanoseconds (process.hrtime), one clock for every process on the machine: a line that arrives
+ * late never moves it.
+ */
 const KEEPER_SCRIPT = String.raw`
 const { readFileSync } = require("node:fs");
 process.title = "cairn-keeper " + (process.argv[2] ?? "");
 const groups = new Map();
-let deadline = Infinity;
+for (const g of (process.argv[4] ?? "").split(",")) {
+  const [pgid, start] = g.split(":");
+  if (Number(pgid) > 1) groups.set(Number(pgid), start);
+}
+let deadline = /^[0-9]+$/.test(process.argv[3] ?? "") ? BigInt(process.argv[3]) : null;
 let timer = null;
 let ended = false;
 function startTime(pid) {
@@ -53,8 +65,9 @@ function arm() {
   if (timer !== null) clearTimeout(timer);
   timer = null;
   if (groups.size === 0) { if (ended) process.exit(0); return; }
-  if (deadline === Infinity) return;
-  timer = setTimeout(() => { killAll(); if (ended) process.exit(0); }, Math.max(0, deadline - performance.now()));
+  if (deadline === null) return;
+  const ms = Number((deadline - process.hrtime.bigint()) / 1000000n);
+  timer = setTimeout(() => { killAll(); if (ended) process.exit(0); }, Math.max(0, ms));
 }
 let buf = "";
 process.stdin.setEncoding("utf8");
@@ -64,7 +77,7 @@ process.stdin.on("data", (chunk) => {
   while ((i = buf.indexOf("\n")) >= 0) {
     const [cmd, a, b] = buf.slice(0, i).split(" ");
     buf = buf.slice(i + 1);
-    if (cmd === "beat") deadline = performance.now() + Math.max(0, Number(a));
+    if (cmd === "beat") deadline = a === "none" ? null : /^[0-9]+$/.test(a ?? "") ? BigInt(a) : deadline;
     else if (cmd === "add" && Number(a) > 1) groups.set(Number(a), b);
     else if (cmd === "drop") groups.delete(Number(a));
     else if (cmd === "clear") groups.clear();
@@ -74,6 +87,7 @@ process.stdin.on("data", (chunk) => {
 process.stdin.on("end", () => { ended = true; arm(); });
 process.on("SIGTERM", () => {});
 process.on("SIGINT", () => {});
+arm();
 `;
 
 /** How often the owner tells the keeper its remaining lease time. */
@@ -169,7 +183,8 @@ export class CellKeeper {
     this.recentStarts = [...this.recentStarts.filter((t) => performance.now() - t < RESTART_WINDOW_MS), performance.now()];
     let child: ChildProcess;
     try {
-      child = spawn(process.execPath, ["-e", KEEPER_SCRIPT, "cairn-keeper", this.label], {
+      const groups = [...this.held].map(([pgid, start]) => `${pgid}:${start}`).join(",");
+      child = spawn(process.execPath, ["-e", KEEPER_SCRIPT, "cairn-keeper", this.label, this.deadline(), groups], {
         detached: true,
         stdio: ["pipe", "ignore", "ignore"],
         env: { PATH: process.env.PATH ?? "/usr/bin:/bin" },
@@ -188,8 +203,6 @@ export class CellKeeper {
     (child.stdin as unknown as { unref?: () => void } | null)?.unref?.();
     this.child = child;
     this.dropped = "";
-    this.sendBeat();
-    for (const [pgid, start] of this.held) this.send(`add ${pgid} ${start}`);
     if (this.beat === null) {
       this.beat = setInterval(() => this.sendBeat(), KEEPER_BEAT_MS);
       this.beat.unref();
@@ -246,9 +259,18 @@ export class CellKeeper {
     }
   }
 
+  /** The lease's deadline on CLOCK_MONOTONIC in nanoseconds (see KEEPER_SCRIPT), or "none" for a lease that never ends. */
+  private deadline(): string {
+    const ms = this.remainingMs();
+    if (ms === Infinity) return "none";
+    // NaN or negative: the lease is not sure to be held at all, so the deadline is now.
+    const remainingNs = ms > 0 ? BigInt(Math.floor(ms * 1e6)) : 0n;
+    return String(process.hrtime.bigint() + remainingNs);
+  }
+
   private sendBeat(): void {
     this.continueIfStopped();
-    this.send(`beat ${Math.max(0, Math.floor(this.remainingMs()))}`);
+    this.send(`beat ${this.deadline()}`);
   }
 
   private send(line: string): void {
