@@ -93,6 +93,12 @@ arm();
 /** How often the owner tells the keeper its remaining lease time. */
 export const KEEPER_BEAT_MS = 250;
 
+/**
+ * Groups handed to a new keeper in its arguments (about 20 bytes each: well under Linux's 128 KiB
+ * for one argument); an owner holding more sends the rest through the pipe right after the start.
+ */
+const ARGV_GROUPS = 4000;
+
 /** A keeper that exits is replaced at once, up to this many starts in RESTART_WINDOW_MS; then once a second. */
 const RESTARTS_AT_ONCE = 5;
 const RESTART_WINDOW_MS = 10_000;
@@ -183,7 +189,7 @@ export class CellKeeper {
     this.recentStarts = [...this.recentStarts.filter((t) => performance.now() - t < RESTART_WINDOW_MS), performance.now()];
     let child: ChildProcess;
     try {
-      const groups = [...this.held].map(([pgid, start]) => `${pgid}:${start}`).join(",");
+      const groups = [...this.held].slice(0, ARGV_GROUPS).map(([pgid, start]) => `${pgid}:${start}`).join(",");
       child = spawn(process.execPath, ["-e", KEEPER_SCRIPT, "cairn-keeper", this.label, this.deadline(), groups], {
         detached: true,
         stdio: ["pipe", "ignore", "ignore"],
@@ -203,6 +209,8 @@ export class CellKeeper {
     (child.stdin as unknown as { unref?: () => void } | null)?.unref?.();
     this.child = child;
     this.dropped = "";
+    // More groups than fit in one argument: the rest through the pipe, at once.
+    for (const [pgid, start] of [...this.held].slice(ARGV_GROUPS)) this.send(`add ${pgid} ${start}`);
     if (this.beat === null) {
       this.beat = setInterval(() => this.sendBeat(), KEEPER_BEAT_MS);
       this.beat.unref();

@@ -26,7 +26,8 @@ const IDENTITY = pathToFileURL(new URL("../../src/exec/identity.ts", import.meta
  * "ready CELL KEEPER", and obeys lines on stdin: "spawn" (another cell), "drop PID", "close-clear",
  * "close-keep", "add-wrong" (the first cell again with a wrong start time), "pid" (the keeper's pid
  * and how many keepers were started), "break missing" / "break nul" (keepers cannot be started: the
- * node binary is gone, so spawn emits "error"; or spawn throws at once), "fix" (they can again).
+ * node binary is gone, so spawn emits "error"; or spawn throws at once), "fix" (they can again),
+ * "fill N" (N more groups, whose pids cannot exist).
  * An uncaught error ends the owner with "crash" on stdout.
  */
 const OWNER = `
@@ -57,6 +58,8 @@ createInterface({ input: process.stdin }).on("line", (line) => {
   if (cmd === "pid") console.log("keeper " + keeper.pid + " " + keeper.keepersStarted);
   if (cmd === "break") process.execPath = arg === "nul" ? "node" + String.fromCharCode(0) : "/nonexistent/cairn-test/node";
   if (cmd === "fix") process.execPath = execPath;
+  // groups that cannot exist (above Linux's largest pid_max), as many as asked
+  if (cmd === "fill") for (let i = 0; i < Number(arg); i++) keeper.add(4194305 + i, "1");
   console.log("done " + line);
 });
 `;
@@ -334,6 +337,23 @@ describe("cell keeper", () => {
       await until(`attempt ${attempt}: the cell killed by the keeper its owner froze beside`, () => !alive(o.cell), 30_000);
       o.child.kill("SIGKILL");
     }
+  });
+
+  it("an owner holding more groups than fit in one argument still gets a keeper that holds them all", async () => {
+    // 15,000 groups as one argument would be about 150 KiB, over Linux's 128 KiB for one argument:
+    // spawn would fail with E2BIG at every restart, and no keeper would ever run again.
+    const o = await owner(1500);
+    await o.say("fill 15000");
+    const last = await o.spawnCell(); // held after the 15,000: handed over through the pipe
+    process.kill(o.keeper, "SIGKILL");
+    const k = await until("a new keeper", async () => {
+      const now = await o.keeperNow();
+      return now.started === 2 && alive(now.pid) ? now.pid : undefined;
+    }, 60_000, 20);
+    assert.deepEqual(keepers(o.label), [k], "exactly one keeper runs");
+    o.child.kill("SIGSTOP");
+    await until("the first and the last cell killed by the new keeper", () => !alive(o.cell) && !alive(last), 30_000);
+    o.child.kill("SIGKILL");
   });
 
   it("no keeper is started after close(), even with a restart pending", async () => {
