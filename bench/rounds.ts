@@ -9,7 +9,8 @@
  * - for 1, 8 and 64 sessions in one process: ms per round (one session's wall time / its rounds),
  *   rounds/s in total, commits per round, harness CPU per round (process.cpuUsage(): this process
  *   only; etcd runs in its own processes; the cell launcher's forks are its own too), and the
- *   ratios to the floor; after one unmeasured 20-round warm-up run per adapter; beside the harness
+ *   ratios to the floor; after unmeasured warm-up runs per adapter (CAIRN_BENCH_WARMUP rounds of one
+ *   session, default 300, then a tenth of that with 8 sessions, and floor rounds); beside the harness
  *   CPU, the floor's own CPU per round in this process (the client side of its three raw commits and
  *   of its spawn: on replicated, mostly the etcd client library, which the harness pays too);
  * - for the same runs, the whole machine's CPU per round from /proc (Linux): this process, the cells
@@ -23,7 +24,7 @@
  * Run: node --import tsx bench/rounds.ts [rounds=100]. Env: CAIRN_BENCH_RESUME_SIZES (comma list,
  * default 10000,100000,1000000), CAIRN_BENCH_ADAPTERS (default sqlite,replicated),
  * CAIRN_BENCH_SESSIONS (default 1,8,64; empty skips the rounds), CAIRN_BENCH_RESUME_SHAPES (default
- * output,rounds). Prints numbers; asserts nothing.
+ * output,rounds), CAIRN_BENCH_WARMUP (default 300). Prints numbers; asserts nothing.
  */
 import { spawn, execFile } from "node:child_process";
 import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
@@ -178,15 +179,31 @@ async function harnessRounds(backend: Backend, dir: string, sessions: number, ro
 let ticksPerSecond: Promise<number> | null = null;
 const hz = (): Promise<number> => (ticksPerSecond ??= clockTicksPerSecond().catch(() => 100));
 
+/** Rounds of the one-session warm-up run (CAIRN_BENCH_WARMUP, default 300; 0: none). */
+function warmupRounds(): number {
+  const raw = process.env["CAIRN_BENCH_WARMUP"];
+  if (raw === undefined || raw === "") return 300;
+  const n = Number(raw);
+  if (!Number.isSafeInteger(n) || n < 0) throw new Error(`CAIRN_BENCH_WARMUP must be a whole number of rounds (0 for no warm-up), got "${raw}".`);
+  return n;
+}
+
 const fmt = (x: number, d = 2) => (Number.isFinite(x) ? x.toFixed(d) : "-");
 
 async function roundsSection(backend: Backend, dir: string, rounds: number, sessionCounts: readonly number[]): Promise<void> {
   console.log(`\n${backend.name}: ${rounds} rounds per session, one \`true\` cell per round; floor = 3 raw durable commits + spawn of \`true\``);
-  // One unmeasured 20-round run first: the process's cell launcher is started and the code compiled
-  // once, as in a long-lived owner. Without it the first row also pays those (about 2 ms of CPU per
-  // round of a 100-round run on this machine).
-  await harnessRounds(backend, dir, 1, 20, "warmup");
-  console.log("(after an unmeasured 20-round warm-up run: the cell launcher started, the code compiled)");
+  // Unmeasured runs first, as in an owner that has been running for a while: the process's cell
+  // launcher is started, and V8 has compiled the hot code. A 20-round warm-up (this bench's until
+  // December 4) left V8 compiling through the measured runs: about 1.5 ms of CPU per round more
+  // with one sqlite session on this machine, 2 to 4 ms on replicated. One session, then 8 (the
+  // grouped commit path), then the floor's own loop.
+  const warm = warmupRounds();
+  if (warm > 0) {
+    await harnessRounds(backend, dir, 1, warm, "warmup");
+    await harnessRounds(backend, dir, 8, Math.max(1, Math.floor(warm / 10)), "warmup-8");
+    await floor(backend, 1, Math.max(1, Math.floor(warm / 6)));
+  }
+  console.log(`(after unmeasured warm-up runs (CAIRN_BENCH_WARMUP=${warm}): ${warm} rounds of one session, ${Math.max(1, Math.floor(warm / 10))} rounds of 8, ${Math.max(1, Math.floor(warm / 6))} floor rounds; the cell launcher started, the hot code compiled)`);
   console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  harness CPU ms/round  floor CPU ms/round");
   const machineRows: string[] = [];
   let cores = 0;
