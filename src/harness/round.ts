@@ -209,6 +209,8 @@ async function admitPatch(ctx: SessionContext, turn: string, attempt: number, pa
     : result.receipt.replay
       ? []
       : acceptedEvents(s, turn, attempt, patch, result.receipt, core.limits.maxIdle, at);
+  // The gate of the cell this verdict queues starts while the verdict's commit is in flight.
+  if (result.ok && !result.receipt.replay) ctx.prepareEarly(result.receipt.newCells);
   if (response !== null) {
     try {
       await core.commit([response, ...verdict]);

@@ -13,6 +13,7 @@ import { event, identity } from "../state/events.js";
 import type { NextStep } from "../state/next-step.js";
 import { nextStep } from "../state/next-step.js";
 import type { SessionProjection } from "../state/projection.js";
+import { isExecutable, type Cell } from "../state/schema.js";
 import type { HarnessCore } from "./core.js";
 import { performControl } from "./controls.js";
 import { Executions } from "./executions.js";
@@ -41,6 +42,11 @@ export interface SessionContext {
    * first commit when a round comes next.
    */
   carry(events: readonly NewEvent[]): void;
+  /**
+   * An accepted patch adds `cells` and its commit is about to be sent: the gate of the one that will
+   * be dispatched next may be started now, while that commit is in flight (Executions.prepareEarly).
+   */
+  prepareEarly(cells: readonly Cell[]): void;
 }
 
 export class SessionDriver implements SessionContext {
@@ -91,6 +97,15 @@ export class SessionDriver implements SessionContext {
     this.wake();
   }
 
+  prepareEarly(cells: readonly Cell[]): void {
+    // Only when the first new executable cell will be the next dispatched: no execution queued or
+    // running before it. Were another step to come first after all, it discards the gate.
+    const first = cells.find(isExecutable);
+    if (first === undefined || this.executions.busy) return;
+    for (const ex of this.session().executions.values()) if (ex.phase === "queued") return;
+    this.executions.prepareEarly(first);
+  }
+
   /**
    * Puts back carried events whose commit failed, so the driver's next pass (or its retry after a
    * back-off) commits them: a finished cell's result is never dropped while this owner runs. A batch
@@ -118,6 +133,8 @@ export class SessionDriver implements SessionContext {
     }
     this.driving = true;
     void this.drive().finally(() => {
+      // A gate prepared ahead that this pass did not launch: nothing will (see prepareEarly).
+      this.executions.discardEarly();
       this.driving = false;
       if (this.again && !this.core.stopping()) this.wake();
       else this.notifyIdle();
@@ -189,6 +206,7 @@ export class SessionDriver implements SessionContext {
         const s = carried.length > 0 ? speculate(this.session(), carried) : this.session();
         const now = this.core.world.clock.now();
         const step = s === null ? null : nextStep({ session: s, limits: this.core.limits, now, busy: this.executions.busy });
+        if (step === null || step.kind !== "dispatch") this.executions.discardEarly();
         const roundNext = s !== null && step !== null && step.kind === "round" && step.prepare && !(s.blocked !== null && !this.retryBlocked);
         if (carried.length > 0 && !roundNext) {
           // What comes next is not a new round: the carried events go alone, now.

@@ -58,6 +58,7 @@ function fixture(budgets: { max_wall_seconds?: number } = {}) {
       wakes++;
     },
     carry: (events) => void commit(events),
+    prepareEarly: () => undefined,
   };
   const timers = new SessionTimers(ctx, fns, () => aborted++);
   void commit([event("session_created", "s1", identity.session("s1"), new Date(T0).toISOString(), { goal: "g", cwd: "/tmp", validators: [], budgets })]);

@@ -1,0 +1,172 @@
+/**
+ * The gate of the cell a patch queues is started while the commit that queues it is in flight
+ * (issue 13: the gate's spawn off the round's critical path), and that never lets code run early:
+ * the cell runs only after `execution_started` is durable; a queued commit that fails, or a harness
+ * closed while it is in flight, leaves no gate behind and nothing run, and the cell then runs
+ * exactly once. Real sqlite, real gates (the default launcher), a real `sh` cell that appends a line
+ * to a file. The commit is held by a Storage wrapper until the test has looked at the processes.
+ */
+import assert from "node:assert/strict";
+import { existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync } from "node:fs";
+import { join } from "node:path";
+import { test } from "node:test";
+import type { NewEvent } from "../../src/state/events.js";
+import { Harness } from "../../src/harness/harness.js";
+import { StorageRejected } from "../../src/storage/errors.js";
+import type { Storage } from "../../src/storage/contract.js";
+import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
+import { passThrough, passThroughStorage } from "../../chaos/support/passthrough.js";
+import { sleep, until } from "../support/wait.js";
+import { adds, cmd, conclude, scripted, tempDir } from "./support.js";
+
+/** Live processes whose working directory is `dir` (the session's cwd: its gates and cells). */
+function processesIn(dir: string): number[] {
+  const out: number[] = [];
+  for (const d of readdirSync("/proc")) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      if (readlinkSync(`/proc/${d}/cwd`) !== dir) continue;
+      const stat = readFileSync(`/proc/${d}/stat`, "utf8");
+      if (stat.slice(stat.lastIndexOf(")") + 2).startsWith("Z")) continue;
+      out.push(Number(d));
+    } catch {
+      // gone, or not ours to read
+    }
+  }
+  return out;
+}
+
+/** A project: a cwd, a marker file the cell appends "ran" to, and a model that runs that cell once. */
+function project(prefix: string) {
+  const tmp = tempDir(prefix);
+  const cwd = join(tmp.dir, "cwd");
+  mkdirSync(cwd);
+  const marker = join(cwd, "marker");
+  const model = () => scripted([adds(0, 1, [cmd("sh", "-c", "echo ran >> marker")]), adds(1, 2, [conclude("success")])]);
+  const runs = () => (existsSync(marker) ? readFileSync(marker, "utf8").split("\n").filter((l) => l === "ran").length : 0);
+  return { tmp, cwd, marker, model, runs, data: join(tmp.dir, "data"), work: join(tmp.dir, "work") };
+}
+
+/** `storage` whose commits of a batch that queues an execution go through `onQueued` first. */
+function holdQueued(storage: Storage, onQueued: (events: readonly NewEvent[]) => Promise<void>): Storage {
+  return passThroughStorage(storage, (db) =>
+    passThrough(db, {
+      commit: async (events) => {
+        if (events.some((e) => e.kind === "execution_queued")) await onQueued(events);
+        return db.commit(events);
+      },
+    }),
+  );
+}
+
+test("the queued cell's gate starts while the commit that queues it is in flight, and the cell runs only after `started` is durable", async (t) => {
+  const p = project("cairn-early-gate-");
+  t.after(() => p.tmp.cleanup());
+  let gateDuringQueued: number[] = [];
+  let ranBeforeStarted = false;
+  const storage = passThroughStorage(
+    holdQueued(createSqliteStorage({ dataDir: p.data }), async () => {
+      // Held until the gate shows up (or 20 s pass: then it was not started early, and the test fails).
+      gateDuringQueued = await until("a gate in the session's cwd", () => {
+        const ps = processesIn(p.cwd);
+        return ps.length > 0 ? ps : undefined;
+      }, 20_000).catch(() => []);
+      await sleep(200); // time for a gate that did not wait to run its cell
+    }),
+    (db) =>
+      passThrough(db, {
+        commit: async (events) => {
+          if (events.some((e) => e.kind === "execution_started")) ranBeforeStarted ||= p.runs() > 0;
+          return db.commit(events);
+        },
+      }),
+  );
+  const h = await Harness.open({ storage, name: "early", model: p.model(), workDir: p.work });
+  try {
+    const id = await h.start({ goal: "early gate", cwd: p.cwd });
+    const outcome = await h.wait(id);
+    assert.equal(outcome.result, "success", outcome.reason);
+  } finally {
+    await h.close();
+    await storage.close();
+  }
+  assert.ok(gateDuringQueued.length > 0, "no gate was started while the commit that queues the cell was in flight");
+  assert.equal(ranBeforeStarted, false, "the cell ran before its `started` commit");
+  assert.equal(p.runs(), 1, "the cell ran exactly once");
+});
+
+test("a queued commit that fails discards the gate started ahead: nothing ran, no gate is left, and the retry runs the cell once", async (t) => {
+  const p = project("cairn-early-gate-fail-");
+  t.after(() => p.tmp.cleanup());
+  let failed = false;
+  let firstGates: number[] = [];
+  let firstGatesEnded = false;
+  let ranBeforeRetry = -1;
+  const storage = holdQueued(createSqliteStorage({ dataDir: p.data }), async () => {
+    if (failed) {
+      // The retry's queued commit: the gate started ahead for the refused one must have ended.
+      ranBeforeRetry = p.runs();
+      const alive = (pid: number) => processesIn(p.cwd).includes(pid);
+      firstGatesEnded = (await until("the first gate to end", () => (firstGates.every((pid) => !alive(pid)) ? true : undefined), 10_000).catch(() => false)) === true;
+      return;
+    }
+    failed = true;
+    firstGates = await until("a gate in the session's cwd", () => {
+      const ps = processesIn(p.cwd);
+      return ps.length > 0 ? ps : undefined;
+    }, 20_000);
+    // Refused, nothing written: the driver tries the round again.
+    throw new StorageRejected("backlog_full", "test: refused the batch that queues the cell");
+  });
+  const h = await Harness.open({ storage, name: "early", model: p.model(), workDir: p.work });
+  try {
+    const id = await h.start({ goal: "early gate, failed commit", cwd: p.cwd });
+    // wait() reports the refused commit (the driver's error); the driver tries again after 1 s.
+    const outcome = await until("the run's end", () => h.wait(id).catch((err: unknown) => {
+      if (!(err instanceof StorageRejected)) throw err;
+      return sleep(100).then(() => undefined);
+    }), 60_000);
+    assert.equal(outcome.result, "success", outcome.reason);
+  } finally {
+    await h.close();
+    await storage.close();
+  }
+  assert.ok(failed, "the queued commit was never refused");
+  assert.ok(firstGates.length > 0, "no gate was started ahead");
+  assert.ok(firstGatesEnded, `the gate started ahead (${firstGates.join(", ")}) still runs after the commit that queued its cell failed`);
+  assert.equal(ranBeforeRetry, 0, "the cell ran although the commit that queued it failed");
+  assert.equal(p.runs(), 1, "the cell ran exactly once");
+});
+
+test("a harness closed while the queued commit is in flight leaves no gate and runs nothing; the next owner runs the cell once", async (t) => {
+  const p = project("cairn-early-gate-close-");
+  t.after(() => p.tmp.cleanup());
+  let release!: () => void;
+  const held = new Promise<void>((resolve) => (release = resolve));
+  let gateSeen = false;
+  const storage = holdQueued(createSqliteStorage({ dataDir: p.data }), async () => {
+    gateSeen = (await until("a gate in the session's cwd", () => (processesIn(p.cwd).length > 0 ? true : undefined), 20_000).catch(() => false)) === true;
+    await held;
+  });
+  const h = await Harness.open({ storage, name: "early", model: p.model(), workDir: p.work });
+  const id = await h.start({ goal: "early gate, closed", cwd: p.cwd });
+  await until("the gate started ahead", () => (gateSeen ? true : undefined), 30_000);
+  const closing = h.close();
+  release(); // the queued commit lands while the harness closes
+  await closing;
+  await storage.close();
+  await until("no gate left after close", () => (processesIn(p.cwd).length === 0 ? true : undefined), 30_000);
+  assert.equal(p.runs(), 0, "the cell ran although its harness closed before `started`");
+
+  const storage2 = createSqliteStorage({ dataDir: p.data });
+  const h2 = await Harness.open({ storage: storage2, name: "early", model: p.model(), workDir: p.work });
+  try {
+    await h2.resume();
+    const outcome = await h2.wait(id);
+    assert.equal(outcome.result, "success", outcome.reason);
+  } finally {
+    await h2.close();
+    await storage2.close();
+  }
+  assert.equal(p.runs(), 1, "the cell ran exactly once");
+});
