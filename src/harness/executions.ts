@@ -30,6 +30,11 @@ export function splitText(text: string, max: number): string[] {
   return out;
 }
 
+/** What a gate started for `cell` runs: its kind and its argv or source (the rest is the session's). */
+function codeOf(cell: ExecutableCell): string {
+  return JSON.stringify(cell.kind === "cmd" ? ["cmd", cell.argv] : ["script", cell.source]);
+}
+
 /** A cell running in this process. */
 interface Running {
   readonly cellId: number;
@@ -43,7 +48,7 @@ export class Executions {
   private running: Running | null = null;
   private launching = false;
   /** A gate being prepared ahead for the execution about to be queued (see prepareEarly). */
-  private early: { readonly cellId: number; readonly prepared: Promise<Prepared> } | null = null;
+  private early: { readonly cellId: number; readonly code: string; readonly prepared: Promise<Prepared> } | null = null;
   private recovering: Promise<number> | null = null;
   /** Cells whose result was handed to the driver (`carry`) and may not be in the log yet: not lost. */
   private readonly handedOver = new Set<number>();
@@ -60,7 +65,7 @@ export class Executions {
 
   /** Stops the running cell's process group, if one runs (its execution stays `started`). */
   async stopRunning(reason: "shutdown" | "fenced"): Promise<void> {
-    this.discardEarly();
+    await this.discardEarly();
     const r = this.running;
     if (r === null) return;
     if (reason === "fenced" || this.ctx.core.stopping()) {
@@ -122,18 +127,24 @@ export class Executions {
    * discards it (discardEarly: the gate exits 125, having run nothing).
    */
   prepareEarly(cell: ExecutableCell): void {
-    if (this.busy || this.early !== null || this.ctx.core.stopping()) return;
+    if (this.busy || this.ctx.core.stopping()) return;
+    if (this.early !== null) {
+      if (this.early.cellId === cell.id && this.early.code === codeOf(cell)) return;
+      // Left by a patch that never became durable (its commit refused, a later attempt won): its
+      // cell id may now name other code.
+      void this.discardEarly();
+    }
     const prepared = this.prepareOrError(cell.id, this.launchSpec(cell, 0));
     prepared.catch(() => undefined); // rejected only when stopping; launch or discardEarly sees it
-    this.early = { cellId: cell.id, prepared };
+    this.early = { cellId: cell.id, code: codeOf(cell), prepared };
   }
 
-  /** Aborts a gate prepared ahead (prepareEarly) that no launch took. */
-  discardEarly(): void {
+  /** Aborts a gate prepared ahead (prepareEarly) that no launch took; resolves once it is gone. */
+  discardEarly(): Promise<void> {
     const early = this.early;
-    if (early === null) return;
+    if (early === null) return Promise.resolve();
     this.early = null;
-    void early.prepared.then((p) => (p.kind === "gated" ? p.abort() : undefined)).catch(() => undefined);
+    return early.prepared.then((p) => (p.kind === "gated" ? p.abort() : undefined)).catch(() => undefined);
   }
 
   /** The launch of `cell`, whose output so far is `firstChunk` events. */
@@ -170,12 +181,14 @@ export class Executions {
     const early = this.early;
     this.early = null;
     let prepared: Prepared;
-    if (early !== null && early.cellId === cell.id && ex.output_chunks === 0) {
+    // Only a gate started for this very code: one started for a patch whose commit was refused may
+    // carry the same cell id with other code.
+    if (early !== null && early.cellId === cell.id && early.code === codeOf(cell) && ex.output_chunks === 0) {
       prepared = await early.prepared;
     } else {
       if (early !== null) {
         this.early = early;
-        this.discardEarly();
+        void this.discardEarly();
       }
       prepared = await this.prepareOrError(cell.id, this.launchSpec(cell, ex.output_chunks));
     }

@@ -134,7 +134,7 @@ export class SessionDriver implements SessionContext {
     this.driving = true;
     void this.drive().finally(() => {
       // A gate prepared ahead that this pass did not launch: nothing will (see prepareEarly).
-      this.executions.discardEarly();
+      void this.executions.discardEarly();
       this.driving = false;
       if (this.again && !this.core.stopping()) this.wake();
       else this.notifyIdle();
@@ -206,7 +206,7 @@ export class SessionDriver implements SessionContext {
         const s = carried.length > 0 ? speculate(this.session(), carried) : this.session();
         const now = this.core.world.clock.now();
         const step = s === null ? null : nextStep({ session: s, limits: this.core.limits, now, busy: this.executions.busy });
-        if (step === null || step.kind !== "dispatch") this.executions.discardEarly();
+        if (step === null || step.kind !== "dispatch") void this.executions.discardEarly();
         const roundNext = s !== null && step !== null && step.kind === "round" && step.prepare && !(s.blocked !== null && !this.retryBlocked);
         if (carried.length > 0 && !roundNext) {
           // What comes next is not a new round: the carried events go alone, now.
