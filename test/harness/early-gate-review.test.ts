@@ -7,54 +7,17 @@
  * Every wait is a hang guard, never a speed assertion.
  */
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync } from "node:fs";
-import { join } from "node:path";
 import { test } from "node:test";
-import type { NewEvent } from "../../src/state/events.js";
 import { Harness } from "../../src/harness/harness.js";
 import type { Model, ModelReply, ModelRequest } from "../../src/model/contract.js";
 import { StorageFailure, StorageRejected } from "../../src/storage/errors.js";
-import type { CommitReceipt, Storage } from "../../src/storage/contract.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
-import { passThrough, passThroughStorage } from "../../chaos/support/passthrough.js";
 import { sleep, until } from "../support/wait.js";
-import { adds, cmd, conclude, note, scripted, tempDir } from "./support.js";
-
-/** Live processes whose working directory is `dir` (the session's cwd: its gates and cells). */
-function processesIn(dir: string): number[] {
-  const out: number[] = [];
-  for (const d of readdirSync("/proc")) {
-    if (!/^\d+$/.test(d)) continue;
-    try {
-      if (readlinkSync(`/proc/${d}/cwd`) !== dir) continue;
-      const stat = readFileSync(`/proc/${d}/stat`, "utf8");
-      if (stat.slice(stat.lastIndexOf(")") + 2).startsWith("Z")) continue;
-      out.push(Number(d));
-    } catch {
-      // gone, or not ours to read
-    }
-  }
-  return out;
-}
-
-/** A project: a cwd and a marker file cells append lines to. */
-function project(prefix: string) {
-  const tmp = tempDir(prefix);
-  const cwd = join(tmp.dir, "cwd");
-  mkdirSync(cwd);
-  const marker = join(cwd, "marker");
-  /** The lines appended to the marker so far. */
-  const lines = () => (existsSync(marker) ? readFileSync(marker, "utf8").split("\n").filter((l) => l !== "") : []);
-  return { tmp, cwd, marker, lines, data: join(tmp.dir, "data"), work: join(tmp.dir, "work") };
-}
+import { adds, cmd, conclude, note, scripted } from "./support.js";
+import { hasKind, onCommit, outcomeThroughRefusals, processesIn, project } from "./early-gate-support.js";
 
 /** A cell that appends `word` to the marker. */
 const mark = (word: string) => cmd("sh", "-c", `echo ${word} >> marker`);
-
-/** `storage` whose databases go through `commit` (given the real database's commit). */
-function onCommit(storage: Storage, commit: (events: readonly NewEvent[], real: (events: readonly NewEvent[]) => Promise<CommitReceipt>) => Promise<CommitReceipt>): Storage {
-  return passThroughStorage(storage, (db) => passThrough(db, { commit: (events) => commit(events, (e) => db.commit(e)) }));
-}
 
 /** Waits (hang guard 20 s) for a process in `dir`; resolves with whether one showed up. */
 async function gateShowsUp(dir: string): Promise<boolean> {
@@ -67,7 +30,6 @@ async function noneLeft(dir: string): Promise<number[]> {
   return processesIn(dir);
 }
 
-const hasKind = (events: readonly NewEvent[], kind: string) => events.some((e) => e.kind === kind);
 
 /** Commits larger than this are refused as `too_large`, as etcd refuses a request over its limit. */
 const COMMIT_LIMIT_CHARS = 150_000;
@@ -179,10 +141,7 @@ test("a queued commit refused (backlog_full) then answered by another patch: the
   const h = await Harness.open({ storage, name: "early", model, workDir: p.work });
   try {
     const id = await h.start({ goal: "refused, then another patch", cwd: p.cwd });
-    const outcome = await until("the run's end", () => h.wait(id).catch((err: unknown) => {
-      if (!(err instanceof StorageRejected)) throw err;
-      return sleep(100).then(() => undefined);
-    }), 60_000);
+    const outcome = await outcomeThroughRefusals(h, id);
     assert.equal(outcome.result, "success", outcome.reason);
   } finally {
     await h.close();

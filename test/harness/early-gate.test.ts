@@ -7,8 +7,6 @@
  * to a file. The commit is held by a Storage wrapper until the test has looked at the processes.
  */
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync } from "node:fs";
-import { join } from "node:path";
 import { test } from "node:test";
 import type { NewEvent } from "../../src/state/events.js";
 import { Harness } from "../../src/harness/harness.js";
@@ -17,35 +15,11 @@ import type { Storage } from "../../src/storage/contract.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { passThrough, passThroughStorage } from "../../chaos/support/passthrough.js";
 import { sleep, until } from "../support/wait.js";
-import { adds, cmd, conclude, scripted, tempDir } from "./support.js";
+import { adds, cmd, conclude, scripted } from "./support.js";
+import { outcomeThroughRefusals, processesIn, project } from "./early-gate-support.js";
 
-/** Live processes whose working directory is `dir` (the session's cwd: its gates and cells). */
-function processesIn(dir: string): number[] {
-  const out: number[] = [];
-  for (const d of readdirSync("/proc")) {
-    if (!/^\d+$/.test(d)) continue;
-    try {
-      if (readlinkSync(`/proc/${d}/cwd`) !== dir) continue;
-      const stat = readFileSync(`/proc/${d}/stat`, "utf8");
-      if (stat.slice(stat.lastIndexOf(")") + 2).startsWith("Z")) continue;
-      out.push(Number(d));
-    } catch {
-      // gone, or not ours to read
-    }
-  }
-  return out;
-}
-
-/** A project: a cwd, a marker file the cell appends "ran" to, and a model that runs that cell once. */
-function project(prefix: string) {
-  const tmp = tempDir(prefix);
-  const cwd = join(tmp.dir, "cwd");
-  mkdirSync(cwd);
-  const marker = join(cwd, "marker");
-  const model = () => scripted([adds(0, 1, [cmd("sh", "-c", "echo ran >> marker")]), adds(1, 2, [conclude("success")])]);
-  const runs = () => (existsSync(marker) ? readFileSync(marker, "utf8").split("\n").filter((l) => l === "ran").length : 0);
-  return { tmp, cwd, marker, model, runs, data: join(tmp.dir, "data"), work: join(tmp.dir, "work") };
-}
+/** A model that runs one cell appending "ran" to the marker, then concludes. */
+const model = () => scripted([adds(0, 1, [cmd("sh", "-c", "echo ran >> marker")]), adds(1, 2, [conclude("success")])]);
 
 /** `storage` whose commits of a batch that queues an execution go through `onQueued` first. */
 function holdQueued(storage: Storage, onQueued: (events: readonly NewEvent[]) => Promise<void>): Storage {
@@ -81,7 +55,7 @@ test("the queued cell's gate starts while the commit that queues it is in flight
         },
       }),
   );
-  const h = await Harness.open({ storage, name: "early", model: p.model(), workDir: p.work });
+  const h = await Harness.open({ storage, name: "early", model: model(), workDir: p.work });
   try {
     const id = await h.start({ goal: "early gate", cwd: p.cwd });
     const outcome = await h.wait(id);
@@ -118,14 +92,10 @@ test("a queued commit that fails discards the gate started ahead: nothing ran, n
     // Refused, nothing written: the driver tries the round again.
     throw new StorageRejected("backlog_full", "test: refused the batch that queues the cell");
   });
-  const h = await Harness.open({ storage, name: "early", model: p.model(), workDir: p.work });
+  const h = await Harness.open({ storage, name: "early", model: model(), workDir: p.work });
   try {
     const id = await h.start({ goal: "early gate, failed commit", cwd: p.cwd });
-    // wait() reports the refused commit (the driver's error); the driver tries again after 1 s.
-    const outcome = await until("the run's end", () => h.wait(id).catch((err: unknown) => {
-      if (!(err instanceof StorageRejected)) throw err;
-      return sleep(100).then(() => undefined);
-    }), 60_000);
+    const outcome = await outcomeThroughRefusals(h, id);
     assert.equal(outcome.result, "success", outcome.reason);
   } finally {
     await h.close();
@@ -148,7 +118,7 @@ test("a harness closed while the queued commit is in flight leaves no gate and r
     gateSeen = (await until("a gate in the session's cwd", () => (processesIn(p.cwd).length > 0 ? true : undefined), 20_000).catch(() => false)) === true;
     await held;
   });
-  const h = await Harness.open({ storage, name: "early", model: p.model(), workDir: p.work });
+  const h = await Harness.open({ storage, name: "early", model: model(), workDir: p.work });
   const id = await h.start({ goal: "early gate, closed", cwd: p.cwd });
   await until("the gate started ahead", () => (gateSeen ? true : undefined), 30_000);
   const closing = h.close();
@@ -159,7 +129,7 @@ test("a harness closed while the queued commit is in flight leaves no gate and r
   assert.equal(p.runs(), 0, "the cell ran although its harness closed before `started`");
 
   const storage2 = createSqliteStorage({ dataDir: p.data });
-  const h2 = await Harness.open({ storage: storage2, name: "early", model: p.model(), workDir: p.work });
+  const h2 = await Harness.open({ storage: storage2, name: "early", model: model(), workDir: p.work });
   try {
     await h2.resume();
     const outcome = await h2.wait(id);
