@@ -15,7 +15,8 @@
  * the owner froze, died, or lost the lease. A new keeper gets the deadline and the groups in its
  * arguments, so an owner that freezes right after starting it has still handed it everything. When
  * the pipe closes (the owner exited or closed), groups the owner did not clear are killed at the
- * deadline too, so same-host recovery still finds the survivors of a crash until then, as before. An owner that stops its cells itself clears them.
+ * deadline too, so same-host recovery still finds the survivors of a crash until then, as before.
+ * An owner that stops its cells itself clears them.
  *
  * A cell can reach its keeper (same user): stopped (SIGSTOP), it is continued at the owner's next
  * beat or add; killed, the owner starts a new one at once and hands it every group it still holds.
