@@ -7,6 +7,8 @@
  * to a file. The commit is held by a Storage wrapper until the test has looked at the processes.
  */
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { pathToFileURL } from "node:url";
 import { test } from "node:test";
 import type { NewEvent } from "../../src/state/events.js";
 import { Harness } from "../../src/harness/harness.js";
@@ -137,6 +139,51 @@ test("a harness closed while the queued commit is in flight leaves no gate and r
   } finally {
     await h2.close();
     await storage2.close();
+  }
+  assert.equal(p.runs(), 1, "the cell ran exactly once");
+});
+
+test("an owner SIGKILLed while the queued commit is in flight: its gate started ahead ends without running anything, and the next owner runs the cell once", async (t) => {
+  const p = project("cairn-early-gate-kill-");
+  t.after(() => p.tmp.cleanup());
+  const src = (rel: string) => JSON.stringify(pathToFileURL(new URL(`../../${rel}`, import.meta.url).pathname).href);
+  // The owner: holds the commit that queues the cell forever and says "held" once its gate runs.
+  const owner = `
+import { Harness } from ${src("src/harness/harness.ts")};
+import { createSqliteStorage } from ${src("storage-adapters/sqlite/index.ts")};
+import { onCommit, hasKind, processesIn } from ${src("test/harness/early-gate-support.ts")};
+import { adds, cmd, conclude, scripted } from ${src("test/harness/support.ts")};
+const [data, work, cwd] = process.argv.slice(1);
+const storage = onCommit(createSqliteStorage({ dataDir: data }), async (events, real) => {
+  if (!hasKind(events, "execution_queued")) return real(events);
+  while (processesIn(cwd).length === 0) await new Promise((r) => setTimeout(r, 20));
+  console.log("held");
+  return new Promise(() => {});
+});
+const model = scripted([adds(0, 1, [cmd("sh", "-c", "echo ran >> marker")]), adds(1, 2, [conclude("success")])]);
+const h = await Harness.open({ storage, name: "early", model, workDir: work });
+await h.start({ goal: "killed owner", cwd });
+`;
+  const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", owner, p.data, p.work, p.cwd], { stdio: ["ignore", "pipe", "inherit"] });
+  t.after(() => child.kill("SIGKILL"));
+  let out = "";
+  child.stdout!.on("data", (d: Buffer) => (out += d.toString()));
+  await until("the owner holding the queued commit with its gate started", () => (out.includes("held") ? true : undefined), 60_000);
+  const gates = processesIn(p.cwd);
+  child.kill("SIGKILL");
+  // Its stdin's peer gone, an unreleased gate reads end-of-file and exits 125, having run nothing.
+  await until("the killed owner's gate to end", () => (gates.every((pid) => !processesIn(p.cwd).includes(pid)) ? true : undefined), 30_000);
+  assert.equal(p.runs(), 0, "the gate of a killed owner ran its cell");
+
+  const storage = createSqliteStorage({ dataDir: p.data });
+  const h = await Harness.open({ storage, name: "early", model: model(), workDir: p.work });
+  try {
+    const [id] = (await h.resume()).sessions;
+    const outcome = await h.wait(id!);
+    assert.equal(outcome.result, "success", outcome.reason);
+  } finally {
+    await h.close();
+    await storage.close();
   }
   assert.equal(p.runs(), 1, "the cell ran exactly once");
 });
