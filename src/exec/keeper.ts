@@ -26,23 +26,44 @@
  * computed with a margin below the lease's real expiry.
  */
 import { spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { closeSync, openSync, unlinkSync, writeSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { readProcStat } from "./procfs.js";
 
 /**
  * The keeper program (plain JavaScript, run by this Node with `-e`). Its arguments: "cairn-keeper",
- * the label, the deadline, and the groups held ("PGID:START,..."), so that it holds them from its
- * first instruction: an owner that freezes right after starting it (before writing a line) is still
- * covered. Then it reads commands, one per line. A deadline is a time on CLOCK_MONOTONIC in
+ * the label, the deadline, the groups held ("PGID:START,...", at most ARGV_GROUPS), and "fd3" when
+ * there are more: the rest are in the file open as its fd 3 (see spill). So it holds them all from
+ * its first instruction: an owner that freezes right after starting it (before writing a line) is
+ * still covered. Then it reads commands, one per line. A deadline is a time on CLOCK_MONOTONIC in
  * nanoseconds (process.hrtime), one clock for every process on the machine: a line that arrives
  * late never moves it.
  */
 const KEEPER_SCRIPT = String.raw`
-const { readFileSync } = require("node:fs");
+const { readFileSync, readSync, fstatSync, closeSync } = require("node:fs");
 process.title = "cairn-keeper " + (process.argv[2] ?? "");
 const groups = new Map();
-for (const g of (process.argv[4] ?? "").split(",")) {
-  const [pgid, start] = g.split(":");
-  if (Number(pgid) > 1) groups.set(Number(pgid), start);
+function hold(list) {
+  for (const g of list.split(",")) {
+    const [pgid, start] = g.split(":");
+    if (Number(pgid) > 1) groups.set(Number(pgid), start);
+  }
+}
+hold(process.argv[4] ?? "");
+if (process.argv[5] === "fd3") {
+  // the groups beyond the arguments, in an unlinked file the owner wrote before starting this keeper
+  const size = fstatSync(3).size;
+  const buf = Buffer.alloc(size);
+  let at = 0;
+  while (at < size) {
+    const n = readSync(3, buf, at, size - at, at);
+    if (n === 0) break;
+    at += n;
+  }
+  closeSync(3);
+  hold(buf.toString("latin1", 0, at));
 }
 let deadline = /^[0-9]+$/.test(process.argv[3] ?? "") ? BigInt(process.argv[3]) : null;
 let timer = null;
@@ -96,7 +117,9 @@ export const KEEPER_BEAT_MS = 250;
 
 /**
  * Groups handed to a new keeper in its arguments (about 20 bytes each: well under Linux's 128 KiB
- * for one argument); an owner holding more sends the rest through the pipe right after the start.
+ * for one argument); an owner holding more hands it the rest in a file (see spill), never through
+ * the pipe after the start: an owner frozen before its queued writes drained would leave them
+ * unheld.
  */
 const ARGV_GROUPS = 4000;
 
@@ -189,18 +212,27 @@ export class CellKeeper {
     this.started++;
     this.recentStarts = [...this.recentStarts.filter((t) => performance.now() - t < RESTART_WINDOW_MS), performance.now()];
     let child: ChildProcess;
+    const entries = [...this.held].map(([pgid, start]) => `${pgid}:${start}`);
+    let rest: number | null = null;
     try {
-      const groups = [...this.held].slice(0, ARGV_GROUPS).map(([pgid, start]) => `${pgid}:${start}`).join(",");
-      child = spawn(process.execPath, ["-e", KEEPER_SCRIPT, "cairn-keeper", this.label, this.deadline(), groups], {
+      const args = ["-e", KEEPER_SCRIPT, "cairn-keeper", this.label, this.deadline(), entries.slice(0, ARGV_GROUPS).join(",")];
+      if (entries.length > ARGV_GROUPS) {
+        rest = spill(entries.slice(ARGV_GROUPS).join(","));
+        args.push("fd3");
+      }
+      child = spawn(process.execPath, args, {
         detached: true,
-        stdio: ["pipe", "ignore", "ignore"],
+        stdio: rest === null ? ["pipe", "ignore", "ignore"] : ["pipe", "ignore", "ignore", rest],
         env: { PATH: process.env.PATH ?? "/usr/bin:/bin" },
       });
     } catch {
       // Node throws for some spawn failures (ENOMEM, an argument it refuses) instead of emitting
-      // "error": the same as a keeper that exited at once, never an exception out of add() or a timer.
+      // "error", and spill throws when the file cannot be written (a full disk): the same as a
+      // keeper that exited at once, never an exception out of add() or a timer.
       this.restart();
       return;
+    } finally {
+      if (rest !== null) closeQuietly(rest);
     }
     // A spawn that fails emits "error" and no "exit": either way the keeper is gone.
     child.on("error", () => this.keeperExited(child));
@@ -210,8 +242,6 @@ export class CellKeeper {
     (child.stdin as unknown as { unref?: () => void } | null)?.unref?.();
     this.child = child;
     this.dropped = "";
-    // More groups than fit in one argument: the rest through the pipe, at once.
-    for (const [pgid, start] of [...this.held].slice(ARGV_GROUPS)) this.send(`add ${pgid} ${start}`);
     if (this.beat === null) {
       this.beat = setInterval(() => this.sendBeat(), KEEPER_BEAT_MS);
       this.beat.unref();
@@ -286,5 +316,34 @@ export class CellKeeper {
     const stdin = this.child?.stdin;
     if (stdin && !stdin.destroyed && stdin.writable) stdin.write(`${this.dropped}${line}\n`);
     this.dropped = "";
+  }
+}
+
+/**
+ * `text` in a file that has no name, open for reading and writing: the descriptor is handed to a new
+ * keeper as its fd 3 (it reads from offset 0, so the shared offset does not matter). The file is
+ * unlinked right after it is created, so nothing is left behind when either process dies; only an
+ * owner killed between the open and the unlink (two system calls) leaves an empty file in the
+ * temporary directory. Throws when it cannot be written; the caller treats that as a failed start.
+ */
+function spill(text: string): number {
+  const path = join(tmpdir(), `cairn-keeper-${process.pid}-${randomBytes(6).toString("hex")}`);
+  const fd = openSync(path, "wx+", 0o600);
+  try {
+    unlinkSync(path);
+    const bytes = Buffer.from(text, "latin1");
+    for (let at = 0; at < bytes.length; ) at += writeSync(fd, bytes, at, bytes.length - at, at);
+    return fd;
+  } catch (err) {
+    closeQuietly(fd);
+    throw err;
+  }
+}
+
+function closeQuietly(fd: number): void {
+  try {
+    closeSync(fd);
+  } catch {
+    // already closed
   }
 }
