@@ -68,6 +68,30 @@ export const logCases: ConformanceCase[] = [
     },
   },
   {
+    id: "log.large-batch",
+    name: "a batch of 100 events gets contiguous seqs in order; one of 70 with a duplicate near its end writes none of it",
+    async run({ target, reopen, name }) {
+      const db = await Owner.open(target.storage, name, reopen);
+      const first = sessionCreated("s1");
+      await db.commit([first]);
+      const hundred = inboxBatch("s1", "h", 100);
+      assert.deepEqual(await db.commit(hundred), { firstSeq: 2, lastSeq: 101 });
+      assert.deepEqual(await db.read(), withSeq([first, ...hundred], 1), "every event of the batch at its seq, in batch order");
+      // The duplicate is the 66th: an adapter that writes a large batch in parts must undo the parts before it.
+      const seventy = inboxBatch("s1", "s", 70);
+      const withDuplicate = [...seventy.slice(0, 65), hundred[40]!, ...seventy.slice(65)];
+      await assert.rejects(db.commit(withDuplicate), (err: unknown) => {
+        hasError("rejected", "duplicate_identity")(err);
+        assert.deepEqual([...(err as { identities: string[] }).identities], [hundred[40]!.identity]);
+        return true;
+      });
+      assert.equal(await db.head(), 101, "the refused batch left no trace");
+      assert.deepEqual(await db.commit(seventy), { firstSeq: 102, lastSeq: 171 });
+      assert.deepEqual((await db.read(101)).map((e) => e.identity), seventy.map((e) => e.identity));
+      await db.close();
+    },
+  },
+  {
     id: "log.atomic-batch",
     name: "a batch with one duplicate identity writes none of it (atomic batch)",
     async run({ target, reopen, name }) {
