@@ -13,7 +13,8 @@
  * time, so a recycled pid is never signalled) and, every 250 ms, until when its lease is still sure
  * to be held. The keeper SIGKILLs every group it holds when that deadline passes without a newer one:
  * the owner froze, died, or lost the lease. A new keeper gets the deadline and the groups in its
- * arguments, so an owner that freezes right after starting it has still handed it everything. When
+ * arguments (past ARGV_GROUPS, the rest in a file open as its fd 3), so an owner that freezes right
+ * after starting it has still handed it everything. When
  * the pipe closes (the owner exited or closed), groups the owner did not clear are killed at the
  * deadline too, so same-host recovery still finds the survivors of a crash until then, as before.
  * An owner that stops its cells itself clears them.
