@@ -215,11 +215,20 @@ export class CellKeeper {
     let child: ChildProcess;
     const entries = [...this.held].map(([pgid, start]) => `${pgid}:${start}`);
     let rest: number | null = null;
+    /** The groups past the arguments, when they could not be spilled: sent through the pipe after the start. */
+    let piped: string[] = [];
     try {
       const args = ["-e", KEEPER_SCRIPT, "cairn-keeper", this.label, this.deadline(), entries.slice(0, ARGV_GROUPS).join(",")];
       if (entries.length > ARGV_GROUPS) {
-        rest = spill(entries.slice(ARGV_GROUPS).join(","));
-        args.push("fd3");
+        try {
+          rest = spill(entries.slice(ARGV_GROUPS).join(","));
+          args.push("fd3");
+        } catch {
+          // No file can be written (the temporary directory is missing or full): a keeper that holds
+          // the groups in its arguments at once and gets the rest through the pipe is still far
+          // better than none. Only an owner frozen before the pipe drained leaves those unheld.
+          piped = entries.slice(ARGV_GROUPS);
+        }
       }
       child = spawn(process.execPath, args, {
         detached: true,
@@ -228,8 +237,7 @@ export class CellKeeper {
       });
     } catch {
       // Node throws for some spawn failures (ENOMEM, an argument it refuses) instead of emitting
-      // "error", and spill throws when the file cannot be written (a full disk): the same as a
-      // keeper that exited at once, never an exception out of add() or a timer.
+      // "error": the same as a keeper that exited at once, never an exception out of add() or a timer.
       this.restart();
       return;
     } finally {
@@ -243,6 +251,7 @@ export class CellKeeper {
     (child.stdin as unknown as { unref?: () => void } | null)?.unref?.();
     this.child = child;
     this.dropped = "";
+    for (const entry of piped) this.send(`add ${entry.replace(":", " ")}`);
     if (this.beat === null) {
       this.beat = setInterval(() => this.sendBeat(), KEEPER_BEAT_MS);
       this.beat.unref();
@@ -325,7 +334,8 @@ export class CellKeeper {
  * keeper as its fd 3 (it reads from offset 0, so the shared offset does not matter). The file is
  * unlinked right after it is created, so nothing is left behind when either process dies; only an
  * owner killed between the open and the unlink (two system calls) leaves an empty file in the
- * temporary directory. Throws when it cannot be written; the caller treats that as a failed start.
+ * temporary directory. Throws when it cannot be written; the caller then sends those groups through
+ * the pipe instead.
  */
 function spill(text: string): number {
   const path = join(tmpdir(), `cairn-keeper-${process.pid}-${randomBytes(6).toString("hex")}`);

@@ -210,19 +210,23 @@ export function parseNewEvent(raw: unknown): NewEvent {
 }
 
 const KINDS: ReadonlySet<string> = new Set(EVENT_KINDS);
-const ENVELOPE_KEYS = ["identity", "kind", "session", "at", "body"] as const;
+const ENVELOPE_KEY_SET: ReadonlySet<string> = new Set(["identity", "kind", "session", "at", "body"]);
 
-/** `raw` when it is an object with exactly the envelope's five keys, each as Envelope requires; else null. */
+/**
+ * The envelope's fields, when `raw` is a plain object whose own enumerable keys are exactly the
+ * envelope's five and each value is as Envelope requires; else null. Each field is read once: what
+ * is returned is what was checked (a getter that answers differently later changes nothing).
+ */
 function plainEnvelope(raw: unknown): { identity: string; kind: EventKind; session: string; at: string; body: unknown } | null {
   if (typeof raw !== "object" || raw === null || Object.getPrototypeOf(raw) !== Object.prototype) return null;
-  const r = raw as Record<string, unknown>;
-  const { identity, kind, session, at } = r;
-  if (Object.keys(r).length !== 5 || !ENVELOPE_KEYS.every((k) => Object.hasOwn(r, k))) return null;
+  const keys = Object.keys(raw);
+  if (keys.length !== 5 || !keys.every((k) => ENVELOPE_KEY_SET.has(k))) return null;
+  const { identity, kind, session, at, body } = raw as Record<string, unknown>;
   if (typeof identity !== "string" || identity.length < 1 || identity.length > 512) return null;
   if (typeof session !== "string" || session.length < 1 || session.length > 200) return null;
   if (typeof at !== "string" || at.length < 1) return null;
   if (typeof kind !== "string" || !KINDS.has(kind)) return null;
-  return r as { identity: string; kind: EventKind; session: string; at: string; body: unknown };
+  return { identity, kind: kind as EventKind, session, at, body };
 }
 
 /** Validates one stored record as an event. */
