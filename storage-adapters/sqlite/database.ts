@@ -21,11 +21,10 @@ import type BetterSqlite3 from "better-sqlite3";
 import { hasCrcColumn, hasSnapshotTable, type Connection } from "./connection.js";
 import type { SqliteLease } from "./liveness.js";
 import { mapSqliteError, type SqlitePhase } from "./errors.js";
+import { INSERT_ROWS, RowInserter } from "../../src/storage/sqlite-rows.js";
 
 type Statement<P extends unknown[] = [], R = unknown> = BetterSqlite3.Statement<P, R>;
 
-/** Log rows per INSERT statement (6 parameters each, far below SQLite's limit of 32,766). */
-const INSERT_ROWS = 32;
 
 interface EventRow {
   seq: number;
@@ -133,8 +132,8 @@ export class SqliteDatabase implements Database {
   readonly epoch: number;
   private readonly s: Statements;
   private readonly hasIdentity;
-  /** Multi-row inserts by row count (1 to INSERT_ROWS), prepared on first use. */
-  private readonly inserts = new Map<number, Statement<(string | number)[]>>();
+  /** Multi-row inserts into the log (src/storage/sqlite-rows.ts). */
+  private readonly inserts;
   private readonly putSnapshot;
   private readonly dropSnapshots;
   private readonly drainRows;
@@ -164,6 +163,7 @@ export class SqliteDatabase implements Database {
     this.epoch = epoch;
     this.s = new Statements(conn, validation);
     this.hasIdentity = conn.prepare<[string], number>("SELECT 1 FROM events WHERE identity = ?").pluck();
+    this.inserts = new RowInserter(conn, "INSERT INTO events (identity, kind, session, at, body, crc)", 6);
     this.putSnapshot = conn.prepare<[number, string, string]>("INSERT OR REPLACE INTO snapshots (seq, digest, data) VALUES (?, ?, ?)");
     this.dropSnapshots = conn.prepare<[number]>("DELETE FROM snapshots WHERE seq < ?");
     this.drainRows = conn.prepare<[], MailRow>("SELECT mseq, id, session, kind, payload, at FROM mailbox ORDER BY mseq");
@@ -198,7 +198,7 @@ export class SqliteDatabase implements Database {
           params.push(e.identity, e.kind, e.session, e.at, body, eventCrc(e.identity, e.kind, e.session, e.at, body));
         }
         try {
-          const result = this.insertRows(rows.length).run(...params);
+          const result = this.inserts.statement(rows.length).run(...params);
           if (result.changes !== rows.length) throw new Error(`inserted ${result.changes} of ${rows.length} rows into the log of "${this.name}"`);
           lastSeq = Number(result.lastInsertRowid);
         } catch (err) {
@@ -302,17 +302,6 @@ export class SqliteDatabase implements Database {
       if (mapped.poison) this.poisoned = true;
       throw mapped.error;
     }
-  }
-
-  /** The statement inserting `count` rows (1 to INSERT_ROWS) into the log. */
-  private insertRows(count: number): Statement<(string | number)[]> {
-    let statement = this.inserts.get(count);
-    if (statement === undefined) {
-      const values = Array.from({ length: count }, () => "(?, ?, ?, ?, ?, ?)").join(", ");
-      statement = this.conn.prepare<(string | number)[]>(`INSERT INTO events (identity, kind, session, at, body, crc) VALUES ${values}`);
-      this.inserts.set(count, statement);
-    }
-    return statement;
   }
 
   private fenced(current: number | undefined): ResetError {
