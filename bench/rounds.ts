@@ -10,7 +10,7 @@
  *   rounds/s in total, commits per round, harness CPU per round (process.cpuUsage(): this process
  *   only; etcd runs in its own processes; the cell launcher's forks are its own too), and the
  *   ratios to the floor; after unmeasured warm-up runs per adapter (CAIRN_BENCH_WARMUP rounds of one
- *   session, default 300, then a tenth of that with 8 sessions, and floor rounds); beside the harness
+ *   session, default 1000, then a tenth of that with 8 sessions, and floor rounds); beside the harness
  *   CPU, the floor's own CPU per round in this process (the client side of its three raw commits and
  *   of its spawn: on replicated, mostly the etcd client library, which the harness pays too);
  * - for the same runs, the whole machine's CPU per round from /proc (Linux): this process, the cells
@@ -24,7 +24,7 @@
  * Run: node --import tsx bench/rounds.ts [rounds=100]. Env: CAIRN_BENCH_RESUME_SIZES (comma list,
  * default 10000,100000,1000000), CAIRN_BENCH_ADAPTERS (default sqlite,replicated),
  * CAIRN_BENCH_SESSIONS (default 1,8,64; empty skips the rounds), CAIRN_BENCH_RESUME_SHAPES (default
- * output,rounds), CAIRN_BENCH_WARMUP (default 300). Prints numbers; asserts nothing.
+ * output,rounds), CAIRN_BENCH_WARMUP (default 1000). Prints numbers; asserts nothing.
  */
 import { spawn, execFile } from "node:child_process";
 import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
@@ -179,10 +179,10 @@ async function harnessRounds(backend: Backend, dir: string, sessions: number, ro
 let ticksPerSecond: Promise<number> | null = null;
 const hz = (): Promise<number> => (ticksPerSecond ??= clockTicksPerSecond().catch(() => 100));
 
-/** Rounds of the one-session warm-up run (CAIRN_BENCH_WARMUP, default 300; 0: none). */
+/** Rounds of the one-session warm-up run (CAIRN_BENCH_WARMUP, default 1000; 0: none). */
 function warmupRounds(): number {
   const raw = process.env["CAIRN_BENCH_WARMUP"];
-  if (raw === undefined || raw === "") return 300;
+  if (raw === undefined || raw === "") return 1000;
   const n = Number(raw);
   if (!Number.isSafeInteger(n) || n < 0) throw new Error(`CAIRN_BENCH_WARMUP must be a whole number of rounds (0 for no warm-up), got "${raw}".`);
   return n;
@@ -196,7 +196,10 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
   // launcher is started, and V8 has compiled the hot code. A 20-round warm-up (this bench's until
   // December 4) left V8 compiling through the measured runs: about 1.5 ms of CPU per round more
   // with one sqlite session on this machine, 2 to 4 ms on replicated. One session, then 8 (the
-  // grouped commit path), then the floor's own loop.
+  // grouped commit path), then the floor's own loop. 300 rounds (until December 5) was not enough
+  // either: with one replicated session, V8's --trace-opt counted 183 TurboFan compilations taking
+  // 1.4 s in the 300 rounds after a 300-round warm-up, and 88 taking 0.56 s after 1,500 (never none:
+  // about half of those are functions compiled again after a deoptimization).
   const warm = warmupRounds();
   if (warm > 0) {
     await harnessRounds(backend, dir, 1, warm, "warmup");
