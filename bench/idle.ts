@@ -16,12 +16,13 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { startDevCluster } from "../storage-adapters/replicated/devcluster.js";
 import { parseProcStat } from "./stats.js";
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url));
 
 /** The worker measured by default; `{dataDir}` becomes a temporary directory. */
-export const DEFAULT_IDLE_COMMAND: readonly string[] = [process.execPath, "bin/cairn.js", "serve", "--db", "idle-bench", "--data-dir", "{dataDir}", "--listen", "127.0.0.1:0", "--model", "scripted:examples/fix-calc.json"];
+export const DEFAULT_IDLE_COMMAND: readonly string[] = [process.execPath, "bin/cairn.js", "serve", "--db", "idle-bench", "--data-dir", "{dataDir}", "--listen", "127.0.0.1:0", "--model", "scripted:examples/fix-calc.json", "--create"];
 
 /** Options of {@link measureIdle} and {@link runIdleBench}. */
 export interface IdleBenchOptions {
@@ -194,6 +195,27 @@ export async function runIdleBench(opts: IdleBenchOptions = {}): Promise<void> {
   print(`idle CPU: ${r.percentOfCore.toFixed(3)}% of one core (${r.cpuSeconds.toFixed(2)} s CPU over ${r.wallSeconds.toFixed(1)} s wall, CLK_TCK ${r.clockTicks}, pid ${r.pid}; physical limit 0%)`);
   const how = r.exitCode !== null ? `exit code ${r.exitCode}` : `killed by signal ${r.exitSignal ?? "unknown"}`;
   print(`after SIGTERM: ${how}${r.killed ? " (ignored SIGTERM for 10 s: SIGKILL sent)" : ""}`);
+}
+
+/**
+ * The same measurement for `cairn serve --storage replicated` on a 3-member dev cluster started for
+ * it (etcd's own CPU is not counted: only the worker's). An idle replicated owner still renews its
+ * liveness lease (every sixth of `--liveness`) and polls every member's status (once a second, for
+ * the quorum view and the router), so it cannot reach sqlite's near zero.
+ */
+export async function runReplicatedIdleBench(opts: Omit<IdleBenchOptions, "command"> = {}): Promise<void> {
+  const dir = await mkdtemp(join(tmpdir(), "cairn-idle-etcd-"));
+  try {
+    const cluster = await startDevCluster({ dir: join(dir, "cluster") });
+    try {
+      const command = [...DEFAULT_IDLE_COMMAND, "--storage", "replicated", "--etcd", cluster.endpoints.join(",")];
+      await runIdleBench({ ...opts, command });
+    } finally {
+      await cluster.stop();
+    }
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
 }
 
 function parseArgs(argv: readonly string[]): IdleBenchOptions {

@@ -6,7 +6,7 @@ import { runSqliteBench } from "./sqlite.js";
 import { runDispatchBench } from "./dispatch.js";
 import { runRecoveryBench } from "./recovery.js";
 import { runEtcdBench } from "./etcd.js";
-import { runIdleBench } from "./idle.js";
+import { runIdleBench, runReplicatedIdleBench } from "./idle.js";
 import { runSilentBench } from "./silent.js";
 import { runRoundsBench } from "./rounds.js";
 
@@ -15,7 +15,10 @@ const all: Record<string, () => Promise<void>> = {
   dispatch: () => runDispatchBench(),
   recovery: () => runRecoveryBench(),
   etcd: () => runEtcdBench(),
-  idle: () => runIdleBench({ seconds: 30 }),
+  idle: async () => {
+    await runIdleBench({ seconds: 30 });
+    await runReplicatedIdleBench({ seconds: 30 });
+  },
   silent: () => runSilentBench(),
   rounds: () => runRoundsBench(),
 };

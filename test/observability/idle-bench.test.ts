@@ -59,6 +59,15 @@ test("readyz mode waits for the printed URL to answer 200 before measuring, and 
   assert.match(text, /after SIGTERM: exit code 0/);
 });
 
+test("the default command (`cairn serve` on a new sqlite database) gets ready, is measured, and exits 0 on SIGTERM", async () => {
+  // Until December 5 the default lacked --create, so `npm run bench -- idle` failed at once: serve
+  // refuses a database that does not exist.
+  const r = await measureIdle({ seconds: 1, settleSeconds: 0 });
+  assert.ok(r.wallSeconds >= 1, `measured ${r.wallSeconds}s`);
+  assert.equal(r.exitCode, 0);
+  assert.equal(r.killed, false);
+});
+
 test("a process that exits before it is ready fails with its output, and one that never prints a URL times out", async () => {
   await assert.rejects(
     measureIdle({ command: [process.execPath, "-e", "console.error('cairn: --db is required'); process.exit(2)"], seconds: 1 }),
