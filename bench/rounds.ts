@@ -395,7 +395,7 @@ export async function runRoundsBench(rounds = 100): Promise<void> {
     if (adapters.includes("sqlite")) {
       const b = sqliteBackend(dir);
       try {
-        await roundsSection(b, join(dir, "sqlite"), rounds, sessions);
+        if (sessions.length > 0) await roundsSection(b, join(dir, "sqlite"), rounds, sessions);
         await resumeSection(b, join(dir, "sqlite"), sizes, shapes, null);
       } finally {
         await b.close();
@@ -405,7 +405,7 @@ export async function runRoundsBench(rounds = 100): Promise<void> {
       cluster = await startDevCluster({ dir: join(dir, "cluster") });
       const b = replicatedBackend(cluster);
       try {
-        await roundsSection(b, join(dir, "replicated"), rounds, sessions);
+        if (sessions.length > 0) await roundsSection(b, join(dir, "replicated"), rounds, sessions);
         await resumeSection(b, join(dir, "replicated"), sizes, shapes, cluster);
       } finally {
         await b.close();
