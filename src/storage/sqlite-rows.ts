@@ -1,7 +1,7 @@
 /**
- * Multi-row INSERT statements for the two adapters that keep SQLite files, prepared on first use and cached by row count: one native call per
- * INSERT_ROWS rows instead of one per row. Used by the sqlite adapter's log and by the replicated
- * adapter's local copy (both better-sqlite3).
+ * Multi-row INSERT statements, prepared on first use and cached by row count: one native call per
+ * INSERT_ROWS rows instead of one per row. Used by the two adapters that keep SQLite files (the
+ * sqlite adapter's log, the replicated adapter's local copy), both through better-sqlite3.
  */
 import type BetterSqlite3 from "better-sqlite3";
 

@@ -25,7 +25,6 @@ import { INSERT_ROWS, RowInserter } from "../../src/storage/sqlite-rows.js";
 
 type Statement<P extends unknown[] = [], R = unknown> = BetterSqlite3.Statement<P, R>;
 
-
 interface EventRow {
   seq: number;
   identity: string;
