@@ -7,91 +7,13 @@
  * created never crashes the owner: the keeper starts with the arguments' groups and gets the rest
  * through the pipe.
  */
-import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createInterface } from "node:readline";
-import { pathToFileURL } from "node:url";
 import { describe, it, after } from "node:test";
 import assert from "node:assert/strict";
 import { sleep, until } from "../support/wait.js";
-
-const KEEPER = pathToFileURL(new URL("../../src/exec/keeper.ts", import.meta.url).pathname).href;
-const IDENTITY = pathToFileURL(new URL("../../src/exec/identity.ts", import.meta.url).pathname).href;
-
-/**
- * The owner (as in keeper.test.ts), with more commands: "fill N" (N groups whose pids cannot exist),
- * "fds" (prints "fds COUNT SPILLS": its open descriptors, and how many of them are a cairn-keeper
- * file), "tmpdir PATH" (sets TMPDIR, which os.tmpdir() reads on every call), "pid", "spawn".
- */
-const OWNER = `
-import { spawn } from "node:child_process";
-import { readdirSync, readlinkSync } from "node:fs";
-import { createInterface } from "node:readline";
-import { CellKeeper } from ${JSON.stringify(KEEPER)};
-import { processStartTime } from ${JSON.stringify(IDENTITY)};
-const remaining = Number(process.argv[1]);
-const keeper = new CellKeeper(() => remaining, process.argv[2]);
-function cell() {
-  const c = spawn("sleep", ["600"], { detached: true, stdio: "ignore" });
-  c.unref();
-  keeper.add(c.pid, processStartTime(c.pid));
-  return c.pid;
-}
-const first = cell();
-process.on("uncaughtException", (err) => { console.log("crash " + JSON.stringify(String(err))); process.exit(70); });
-process.on("unhandledRejection", (err) => { console.log("crash " + JSON.stringify(String(err))); process.exit(70); });
-setInterval(() => {}, 1000);
-setTimeout(() => console.log("ready " + first + " " + keeper.pid), 100);
-function fds() {
-  let count = 0, spills = 0;
-  for (const fd of readdirSync("/proc/self/fd")) {
-    count++;
-    // (spelled in two parts: this script's text must not match the keepers() scan of command lines)
-    try { if (readlinkSync("/proc/self/fd/" + fd).includes("cairn-" + "keeper-")) spills++; } catch {}
-  }
-  return count + " " + spills;
-}
-createInterface({ input: process.stdin }).on("line", (line) => {
-  const [cmd, arg] = line.split(" ");
-  if (cmd === "spawn") console.log("cell " + cell());
-  if (cmd === "pid") console.log("keeper " + keeper.pid + " " + keeper.keepersStarted);
-  if (cmd === "fill") for (let i = 0; i < Number(arg); i++) keeper.add(4194305 + i, "1");
-  if (cmd === "fds") console.log("fds " + fds());
-  if (cmd === "tmpdir") process.env.TMPDIR = arg;
-  console.log("done " + line);
-});
-`;
-
-const procFields = (pid: number): string[] | null => {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  } catch {
-    return null;
-  }
-};
-const alive = (pid: number): boolean => {
-  const s = procFields(pid)?.[0] ?? null;
-  return s !== null && s !== "Z";
-};
-
-/** Live keeper processes whose command line names `label` (their title: "cairn-keeper LABEL"). */
-function keepers(label: string): number[] {
-  const out: number[] = [];
-  for (const d of readdirSync("/proc")) {
-    if (!/^\d+$/.test(d)) continue;
-    try {
-      const cmd = readFileSync(`/proc/${d}/cmdline`, "utf8").split("\0").join(" ");
-      const parts = cmd.trim().split(/\s+/);
-      if (parts[0] === "cairn-keeper" && parts[1] === label && alive(Number(d))) out.push(Number(d));
-    } catch {
-      // gone
-    }
-  }
-  return out;
-}
+import { alive, keepers, freezeOwnerAtNewKeeper, killOwners, pids, procFields, startOwner } from "./keeper-owner.js";
 
 /** The targets of `pid`'s descriptors (null for a process that is gone). */
 function fdTargets(pid: number): string[] | null {
@@ -112,80 +34,13 @@ function fdTargets(pid: number): string[] | null {
 const spillFiles = (dir: string): string[] => readdirSync(dir).filter((f) => f.startsWith("cairn-keeper-"));
 
 const root = mkdtempSync(join(tmpdir(), "cairn-spill-review-"));
-const spawned: ChildProcess[] = [];
-const pids: number[] = [];
-const labels: string[] = [];
 after(() => {
-  for (const c of spawned) {
-    try {
-      c.kill("SIGCONT");
-    } catch {
-      // gone
-    }
-    c.kill("SIGKILL");
-  }
-  for (const label of labels) for (const k of keepers(label)) pids.push(k);
-  for (const pid of pids) {
-    for (const p of [-pid, pid]) {
-      try {
-        process.kill(p, "SIGCONT");
-        process.kill(p, "SIGKILL");
-      } catch {
-        // gone
-      }
-    }
-  }
+  killOwners();
   rmSync(root, { recursive: true, force: true });
 });
 
-let n = 0;
-async function owner(remainingMs: number, tmp: string) {
-  const label = `kspill-${process.pid}-${n++}`;
-  labels.push(label);
-  const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", OWNER, String(remainingMs), label], {
-    stdio: ["pipe", "pipe", "inherit"],
-    env: { ...process.env, TMPDIR: tmp },
-  });
-  spawned.push(child);
-  const lines: string[] = [];
-  createInterface({ input: child.stdout! }).on("line", (l) => lines.push(l));
-  const ready = await until("ready", () => {
-    if (child.exitCode !== null) throw new Error(`the owner exited ${child.exitCode}`);
-    return lines.find((l) => l.startsWith("ready "));
-  }, 60_000);
-  const [, cell, keeper] = ready.split(" ").map(Number);
-  pids.push(cell!, keeper!);
-  const crashed = () => lines.find((l) => l.startsWith("crash ")) ?? (child.exitCode !== null || child.signalCode !== null ? `exited ${child.exitCode ?? child.signalCode}` : undefined);
-  const say = async (line: string) => {
-    const seen = lines.filter((l) => l === `done ${line}`).length;
-    child.stdin!.write(`${line}\n`);
-    await until(`answer to ${line}`, () => {
-      const crash = crashed();
-      if (crash !== undefined) throw new Error(`the owner crashed: ${crash}`);
-      return lines.filter((l) => l === `done ${line}`).length > seen;
-    }, 60_000).catch((err: Error) => {
-      throw new Error(`${err.message}; owner ${child.pid} state ${procFields(child.pid!)?.[0]}; last lines ${lines.slice(-3).join(" | ")}`);
-    });
-  };
-  const keeperNow = async () => {
-    await say("pid");
-    const [, pid, started] = lines.filter((l) => l.startsWith("keeper ")).at(-1)!.split(" ").map(Number);
-    if (pid) pids.push(pid);
-    return { pid: pid!, started: started! };
-  };
-  const fds = async () => {
-    await say("fds");
-    const [, count, spills] = lines.filter((l) => l.startsWith("fds ")).at(-1)!.split(" ").map(Number);
-    return { count: count!, spills: spills! };
-  };
-  const spawnCell = async () => {
-    await say("spawn");
-    const c = Number(lines.filter((l) => l.startsWith("cell ")).at(-1)!.split(" ")[1]);
-    pids.push(c);
-    return c;
-  };
-  return { child, cell: cell!, keeper: keeper!, label, say, keeperNow, fds, spawnCell, crashed };
-}
+/** An owner whose keeper is labelled kspill-PID-N, with TMPDIR `tmp` (where its spill files go). */
+const owner = (remainingMs: number, tmp: string) => startOwner(remainingMs, "kspill", { TMPDIR: tmp });
 
 /** Kills the current keeper and waits for its replacement (any start delay: up to 60 s). */
 async function killKeeper(o: Awaited<ReturnType<typeof owner>>, current: number): Promise<number> {
@@ -233,13 +88,7 @@ describe("cell keeper spill file (review)", () => {
     let current = o.keeper;
     for (let i = 0; i < 7; i++) current = await killKeeper(o, current);
     // the 8th: freeze the owner as soon as the new keeper exists (it cannot have written it anything)
-    process.kill(current, "SIGKILL");
-    let next: number | undefined;
-    const t0 = performance.now();
-    while (next === undefined && performance.now() - t0 < 60_000) next = keepers(o.label).find((pid) => pid !== current);
-    o.child.kill("SIGSTOP");
-    assert.ok(next !== undefined, "no new keeper within 60 s");
-    pids.push(next);
+    freezeOwnerAtNewKeeper(o, current);
     await until("the first (argv) and the last (spill file) cell killed by the new keeper", () => !alive(o.cell) && !alive(last), 45_000);
     assert.deepEqual(spillFiles(tmp), [], "files left in the owner's TMPDIR");
     o.child.kill("SIGKILL");
@@ -252,13 +101,7 @@ describe("cell keeper spill file (review)", () => {
       const o = await owner(1500, tmp);
       await o.say(`fill ${fill - 1}`);
       const edge = await o.spawnCell(); // entry number fill + 1
-      process.kill(o.keeper, "SIGKILL");
-      let next: number | undefined;
-      const t0 = performance.now();
-      while (next === undefined && performance.now() - t0 < 60_000) next = keepers(o.label).find((pid) => pid !== o.keeper);
-      o.child.kill("SIGSTOP");
-      assert.ok(next !== undefined, "no new keeper within 60 s");
-      pids.push(next);
+      freezeOwnerAtNewKeeper(o, o.keeper);
       await until(`with ${fill + 1} groups: both cells killed`, () => !alive(o.cell) && !alive(edge), 45_000);
       o.child.kill("SIGKILL");
     }

@@ -9,140 +9,16 @@
  * again and again, one keeper at a time), and every held cell is still held; dropped and cleared
  * groups are never handed over or killed.
  */
-import { spawn, type ChildProcess } from "node:child_process";
-import { readdirSync, readFileSync } from "node:fs";
-import { createInterface } from "node:readline";
-import { pathToFileURL } from "node:url";
+import { readFileSync } from "node:fs";
 import { describe, it, after } from "node:test";
 import assert from "node:assert/strict";
 import { sleep, until } from "../support/wait.js";
+import { alive, keepers, freezeOwnerAtNewKeeper, killOwners, pids, procFields, procState, startOwner } from "./keeper-owner.js";
 
-const KEEPER = pathToFileURL(new URL("../../src/exec/keeper.ts", import.meta.url).pathname).href;
-const IDENTITY = pathToFileURL(new URL("../../src/exec/identity.ts", import.meta.url).pathname).href;
+after(killOwners);
 
-/**
- * The owner: launches `sleep 600` in its own group, holds it with a keeper whose lease is always
- * `remaining` ms from now (as if renewed in time for as long as the owner runs), prints
- * "ready CELL KEEPER", and obeys lines on stdin: "spawn" (another cell), "drop PID", "close-clear",
- * "close-keep", "add-wrong" (the first cell again with a wrong start time), "pid" (the keeper's pid
- * and how many keepers were started), "break missing" / "break nul" (keepers cannot be started: the
- * node binary is gone, so spawn emits "error"; or spawn throws at once), "fix" (they can again),
- * "fill N" (N more groups, whose pids cannot exist).
- * An uncaught error ends the owner with "crash" on stdout.
- */
-const OWNER = `
-import { spawn } from "node:child_process";
-import { createInterface } from "node:readline";
-import { CellKeeper } from ${JSON.stringify(KEEPER)};
-import { processStartTime } from ${JSON.stringify(IDENTITY)};
-const remaining = Number(process.argv[1]);
-const keeper = new CellKeeper(() => remaining, process.argv[2]);
-function cell() {
-  const c = spawn("sleep", ["600"], { detached: true, stdio: "ignore" });
-  c.unref();
-  keeper.add(c.pid, processStartTime(c.pid));
-  return c.pid;
-}
-const first = cell();
-const execPath = process.execPath;
-process.on("uncaughtException", (err) => { console.log("crash " + JSON.stringify(String(err))); process.exit(70); });
-setInterval(() => {}, 1000);
-setTimeout(() => console.log("ready " + first + " " + keeper.pid), 100);
-createInterface({ input: process.stdin }).on("line", (line) => {
-  const [cmd, arg] = line.split(" ");
-  if (cmd === "spawn") console.log("cell " + cell());
-  if (cmd === "drop") keeper.drop(Number(arg));
-  if (cmd === "close-clear") keeper.close(true);
-  if (cmd === "close-keep") keeper.close(false);
-  if (cmd === "add-wrong") keeper.add(first, "1");
-  if (cmd === "pid") console.log("keeper " + keeper.pid + " " + keeper.keepersStarted);
-  if (cmd === "break") process.execPath = arg === "nul" ? "node" + String.fromCharCode(0) : "/nonexistent/cairn-test/node";
-  if (cmd === "fix") process.execPath = execPath;
-  // groups that cannot exist (above Linux's largest pid_max), as many as asked
-  if (cmd === "fill") for (let i = 0; i < Number(arg); i++) keeper.add(4194305 + i, "1");
-  console.log("done " + line);
-});
-`;
-
-/** The fields of /proc/PID/stat after the name (state first, then ppid), or null when it is gone. */
-const procFields = (pid: number): string[] | null => {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  } catch {
-    return null;
-  }
-};
-const procState = (pid: number): string | null => procFields(pid)?.[0] ?? null;
-const alive = (pid: number): boolean => {
-  const s = procState(pid);
-  return s !== null && s !== "Z";
-};
-
-/** Live (not zombie) keeper processes whose command line names `label`. */
-function keepers(label: string): number[] {
-  const out: number[] = [];
-  for (const d of readdirSync("/proc")) {
-    if (!/^\d+$/.test(d)) continue;
-    try {
-      const cmd = readFileSync(`/proc/${d}/cmdline`, "utf8").split("\0").join(" ");
-      if (cmd.includes("cairn-keeper") && cmd.includes(label) && alive(Number(d))) out.push(Number(d));
-    } catch {
-      // gone
-    }
-  }
-  return out;
-}
-
-const spawned: ChildProcess[] = [];
-const pids: number[] = [];
-after(() => {
-  for (const c of spawned) c.kill("SIGKILL");
-  for (const pid of pids) {
-    for (const p of [-pid, pid]) {
-      try {
-        process.kill(p, "SIGCONT");
-        process.kill(p, "SIGKILL");
-      } catch {
-        // gone
-      }
-    }
-  }
-});
-
-let n = 0;
-async function owner(remainingMs: number) {
-  const label = `kreview-${process.pid}-${n++}`;
-  const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", OWNER, String(remainingMs), label], { stdio: ["pipe", "pipe", "inherit"] });
-  spawned.push(child);
-  const lines: string[] = [];
-  createInterface({ input: child.stdout! }).on("line", (l) => lines.push(l));
-  const ready = await until("ready", () => lines.find((l) => l.startsWith("ready ")), 60_000);
-  const [, cell, keeper] = ready.split(" ").map(Number);
-  pids.push(cell!, keeper!);
-  const say = async (line: string) => {
-    const seen = lines.filter((l) => l === `done ${line}`).length;
-    child.stdin!.write(`${line}\n`);
-    await until(`answer to ${line}`, () => {
-      const crash = lines.find((l) => l.startsWith("crash "));
-      if (crash !== undefined) throw new Error(`the owner crashed: ${crash}`);
-      return lines.filter((l) => l === `done ${line}`).length > seen;
-    }, 60_000);
-  };
-  const keeperNow = async () => {
-    await say("pid");
-    const [, pid, started] = lines.filter((l) => l.startsWith("keeper ")).at(-1)!.split(" ").map(Number);
-    if (pid) pids.push(pid);
-    return { pid: pid!, started: started! };
-  };
-  const spawnCell = async () => {
-    await say("spawn");
-    const c = Number(lines.filter((l) => l.startsWith("cell ")).at(-1)!.split(" ")[1]);
-    pids.push(c);
-    return c;
-  };
-  return { child, cell: cell!, keeper: keeper!, label, say, keeperNow, spawnCell };
-}
+/** An owner whose keeper is labelled kreview-PID-N. */
+const owner = (remainingMs: number) => startOwner(remainingMs, "kreview");
 
 describe("cell keeper", () => {
   it("kills the cell's group once the lease deadline passes while the owner is frozen (SIGSTOP)", async () => {
@@ -327,13 +203,7 @@ describe("cell keeper", () => {
     // failed: the new keeper waited for lines its frozen owner never wrote, and the cell ran on.
     for (let attempt = 0; attempt < 3; attempt++) {
       const o = await owner(1500);
-      process.kill(o.keeper, "SIGKILL");
-      let next: number | undefined;
-      const t0 = performance.now();
-      while (next === undefined && performance.now() - t0 < 60_000) next = keepers(o.label).find((pid) => pid !== o.keeper);
-      o.child.kill("SIGSTOP");
-      assert.ok(next !== undefined, "no new keeper appeared within 60 s");
-      pids.push(next);
+      freezeOwnerAtNewKeeper(o, o.keeper);
       await until(`attempt ${attempt}: the cell killed by the keeper its owner froze beside`, () => !alive(o.cell), 30_000);
       o.child.kill("SIGKILL");
     }
@@ -349,13 +219,7 @@ describe("cell keeper", () => {
       const o = await owner(1500);
       await o.say("fill 15000");
       const last = await o.spawnCell(); // held after the 15,000: beyond what the arguments carry
-      process.kill(o.keeper, "SIGKILL");
-      let next: number | undefined;
-      const t0 = performance.now();
-      while (next === undefined && performance.now() - t0 < 60_000) next = keepers(o.label).find((pid) => pid !== o.keeper);
-      o.child.kill("SIGSTOP");
-      assert.ok(next !== undefined, "no new keeper appeared within 60 s");
-      pids.push(next);
+      const next = freezeOwnerAtNewKeeper(o, o.keeper);
       await until(`attempt ${attempt}: the first and the last cell killed by the new keeper`, () => !alive(o.cell) && !alive(last), 30_000);
       assert.deepEqual(keepers(o.label), [next], "exactly one keeper runs");
       o.child.kill("SIGKILL");
