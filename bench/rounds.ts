@@ -9,8 +9,10 @@
  * - for 1, 8 and 64 sessions in one process: ms per round (one session's wall time / its rounds),
  *   rounds/s in total, commits per round, harness CPU per round (process.cpuUsage(): this process
  *   only; etcd runs in its own processes; the cell launcher's forks are its own too), and the
- *   ratios to the floor; after unmeasured warm-up runs per adapter (CAIRN_BENCH_WARMUP rounds of one
- *   session, default 1000, then a tenth of that with 8 sessions, and floor rounds); beside the harness
+ *   ratios to the floor, and of each CPU figure the main thread's share (/proc: the rest is V8's
+ *   helper threads, TurboFan compiling functions that just became hot, and the GC); after
+ *   unmeasured warm-up runs per adapter (CAIRN_BENCH_WARMUP rounds of one session, default 1000,
+ *   then a tenth of that with 8 sessions, and floor rounds); beside the harness
  *   CPU, the floor's own CPU per round in this process (the client side of its three raw commits and
  *   of its spawn: on replicated, mostly the etcd client library, which the harness pays too);
  * - for the same runs, the whole machine's CPU per round from /proc (Linux): this process, the cells
@@ -27,7 +29,7 @@
  * output,rounds), CAIRN_BENCH_WARMUP (default 1000). Prints numbers; asserts nothing.
  */
 import { spawn, execFile } from "node:child_process";
-import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
+import { mkdtempSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -44,7 +46,7 @@ import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
 import { tagBatches } from "../chaos/support/tagging.js";
-import { startCpuWindow, type CpuBreakdown } from "./stats.js";
+import { parseProcStat, startCpuWindow, type CpuBreakdown } from "./stats.js";
 import { clockTicksPerSecond } from "./idle.js";
 import { LoopModel } from "../chaos/support/loop-model.js";
 
@@ -125,6 +127,8 @@ interface RoundStats {
   readonly roundsPerSecond: number;
   readonly commitsPerRound: number;
   readonly cpuMsPerRound: number;
+  /** Of cpuMsPerRound, the main thread's (the rest is V8's and libuv's helper threads: TurboFan, GC); NaN without /proc. */
+  readonly mainCpuMsPerRound: number;
   /** CPU of the whole machine in the run, by process (null without /proc). */
   readonly machine: CpuBreakdown | null;
   /** Rounds in the run, all sessions together (to divide `machine` by). */
@@ -134,6 +138,7 @@ interface RoundStats {
 /** The floor: `sessions` loops at once, each doing `rounds` x (3 raw commits + spawn of `true`). */
 async function floor(backend: Backend, sessions: number, rounds: number): Promise<RoundStats> {
   const window = startCpuWindow(await hz());
+  const main0 = mainThreadTicks();
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
   await Promise.all(
@@ -146,8 +151,10 @@ async function floor(backend: Backend, sessions: number, rounds: number): Promis
   );
   const ms = performance.now() - t0;
   const cpu = process.cpuUsage(cpu0);
+  const main = ((mainThreadTicks() - main0) * 1000) / (await hz());
   const machine = window();
-  return { msPerRound: ms / rounds, roundsPerSecond: (sessions * rounds * 1000) / ms, commitsPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / (sessions * rounds), machine, rounds: sessions * rounds };
+  const total = sessions * rounds;
+  return { msPerRound: ms / rounds, roundsPerSecond: (total * 1000) / ms, commitsPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total };
 }
 
 /** `sessions` runs of `rounds` rounds each, in one Harness. */
@@ -159,19 +166,30 @@ async function harnessRounds(backend: Backend, dir: string, sessions: number, ro
   const h = await Harness.open({ storage, name: `rounds-${tag}`, model: new LoopModel(rounds), workDir: join(dir, "work") });
   try {
     const window = startCpuWindow(await hz());
+    const main0 = mainThreadTicks();
     const cpu0 = process.cpuUsage();
     const t0 = performance.now();
     const ids = await Promise.all(Array.from({ length: sessions }, () => h.start({ goal: "loop", cwd, budgets: { max_rounds: rounds + 5 } })));
     const outcomes = await Promise.all(ids.map((id) => h.wait(id)));
     const ms = performance.now() - t0;
     const cpu = process.cpuUsage(cpu0);
+    const main = ((mainThreadTicks() - main0) * 1000) / (await hz());
     const machine = window();
     for (const o of outcomes) if (o.result !== "success") throw new Error(`bench run ${o.session} ended ${o.result}: ${o.reason}`);
     const total = sessions * (rounds + 1);
-    return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: commits / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, machine, rounds: total };
+    return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: commits / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total };
   } finally {
     await h.close();
     await storage.close();
+  }
+}
+
+/** This process's main thread's CPU so far, in clock ticks (NaN without /proc). */
+function mainThreadTicks(): number {
+  try {
+    return parseProcStat(readFileSync(`/proc/self/task/${process.pid}/stat`, "utf8")).own;
+  } catch {
+    return Number.NaN;
   }
 }
 
@@ -207,14 +225,14 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
     await floor(backend, 1, Math.max(1, Math.floor(warm / 6)));
   }
   console.log(`(after unmeasured warm-up runs (CAIRN_BENCH_WARMUP=${warm}): ${warm} rounds of one session, ${Math.max(1, Math.floor(warm / 10))} rounds of 8, ${Math.max(1, Math.floor(warm / 6))} floor rounds; the cell launcher started, the hot code compiled)`);
-  console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  harness CPU ms/round  floor CPU ms/round");
+  console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  harness CPU ms/round  floor CPU ms/round  main thread: harness  floor");
   const machineRows: string[] = [];
   let cores = 0;
   for (const sessions of sessionCounts) {
     const f = await floor(backend, sessions, sessions >= 64 ? Math.max(10, Math.floor(rounds / 4)) : rounds);
     const h = await harnessRounds(backend, dir, sessions, rounds);
     console.log(
-      `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)}`,
+      `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)}`,
     );
     machineRows.push(machineRow(sessions, "harness", h), machineRow(sessions, "floor", f));
     cores = h.machine?.cores ?? cores;

@@ -366,12 +366,11 @@ export class CommitPipeline {
     const last = records[records.length - 1]!.header;
     this.head = last.last;
     this.lastHash = last.hash;
-    let copyError: unknown = null;
-    try {
-      this.init.copy.append(records, group);
-    } catch (err) {
-      copyError = err;
-    }
+    // Written to the local copy within a few ms (local-copy.ts); a failure to write it poisons the
+    // handle then, as it would now (the commits themselves are durable).
+    this.init.copy.appendSoon(records, group, (err) => {
+      this.init.poison(new StorageFailure(`the local copy of "${this.init.name}" could not be written (the commits are durable); reopen to rebuild it.`, { cause: err }));
+    });
     this.ctx.counters.commitsResolved += group.length;
     const faults = this.ctx.opts.faults;
     for (const [i, p] of group.entries()) {
@@ -392,9 +391,6 @@ export class CommitPipeline {
         }
       }
       p.resolve({ firstSeq: h.first, lastSeq: h.last });
-    }
-    if (copyError !== null) {
-      this.init.poison(new StorageFailure(`the local copy of "${this.init.name}" could not be written (the commit itself is durable); reopen to rebuild it.`, { cause: copyError }));
     }
   }
 }

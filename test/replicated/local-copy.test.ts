@@ -1,7 +1,8 @@
 /**
  * The local copy's append (multi-row inserts, src/storage/sqlite-rows.ts) without a cluster:
  * many records in one call, records already held skipped, a gap refused with nothing written, and
- * the hash chain intact afterwards.
+ * the hash chain intact afterwards. Then the owner's deferred append (appendSoon): its identities
+ * refused at once, written by the timer, by any read, by close, and a failure reported.
  */
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -9,7 +10,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { GENESIS_HASH, chainHash, type BatchRecord } from "../../storage-adapters/replicated/layout.js";
-import { LocalCopy } from "../../storage-adapters/replicated/local-copy.js";
+import { FLUSH_MS, LocalCopy } from "../../storage-adapters/replicated/local-copy.js";
+import { setTimeout as sleep } from "node:timers/promises";
+import Sqlite from "better-sqlite3";
 import { INSERT_ROWS, RowInserter } from "../../src/storage/sqlite-rows.js";
 import { exitAfterTests } from "../support/exit.js";
 
@@ -78,6 +81,100 @@ describe("local copy append", () => {
       const short: BatchRecord = { header: { ...r!.header, last: 4 }, eventsJson: r!.eventsJson };
       assert.throws(() => copy.append([short]), /batch 1\.\.4 holds 3 events/);
       assert.equal(copy.head(), 0);
+    } finally {
+      copy.close();
+    }
+  });
+});
+
+/** The owner's split of a record (what the commit pipeline hands over). */
+function split(r: BatchRecord): { identities: string[]; jsons: string[] } {
+  const events = JSON.parse(r.eventsJson) as { identity: string }[];
+  return { identities: events.map((e) => e.identity), jsons: events.map((e) => JSON.stringify(e)) };
+}
+
+/** The seqs the file holds, read through a connection of its own (what another process sees). */
+function seqsOnDisk(path: string): number[] {
+  const db = new Sqlite(path, { readonly: true });
+  try {
+    return (db.prepare("SELECT seq FROM events ORDER BY seq").pluck().all() as number[]);
+  } finally {
+    db.close();
+  }
+}
+
+describe("local copy deferred append (appendSoon)", () => {
+  const noError = (err: unknown): void => assert.fail(`unexpected flush error: ${String(err)}`);
+
+  it("refuses pending identities at once, and the timer writes them within FLUSH_MS in one go", async () => {
+    const path = join(dir, "soon.replica.sqlite");
+    const copy = new LocalCopy(path);
+    try {
+      const all = records([1, 2, 1]);
+      for (const r of all) copy.appendSoon([r], [split(r)], noError);
+      assert.deepEqual(copy.existing(["id-1", "id-3", "id-4", "id-5"]), ["id-1", "id-3", "id-4"], "pending identities count as in the log");
+      assert.deepEqual(seqsOnDisk(path), [], "nothing written yet");
+      const until = Date.now() + 20 * FLUSH_MS;
+      while (seqsOnDisk(path).length < 4 && Date.now() < until) await sleep(FLUSH_MS / 5);
+      assert.deepEqual(seqsOnDisk(path), [1, 2, 3, 4], "the timer wrote them");
+      assert.deepEqual(copy.existing(["id-1", "id-4", "id-5"]), ["id-1", "id-4"], "and they are still refused once written");
+      assert.equal(copy.verify(), null);
+    } finally {
+      copy.close();
+    }
+  });
+
+  it("every read writes what is pending first; close writes it too", () => {
+    const reads: [string, (c: LocalCopy) => unknown][] = [
+      ["head", (c) => c.head()],
+      ["read", (c) => c.read(0, undefined)],
+      ["lastBatch", (c) => c.lastBatch()],
+      ["tipHash", (c) => c.tipHash()],
+      ["batchEndingBy", (c) => c.batchEndingBy(100)],
+      ["identitiesIn", (c) => c.identitiesIn(0, 100)],
+      ["verify", (c) => c.verify()],
+      ["hashBefore", (c) => c.hashBefore(3)],
+      ["append", (c) => c.append([])],
+      ["close", (c) => c.close()],
+    ];
+    for (const [name, op] of reads) {
+      const path = join(dir, `read-${name}.replica.sqlite`);
+      const copy = new LocalCopy(path);
+      try {
+        const all = records([2, 1]);
+        copy.appendSoon(all, all.map(split), noError);
+        assert.deepEqual(seqsOnDisk(path), [], `${name}: nothing written before it`);
+        op(copy);
+        assert.deepEqual(seqsOnDisk(path), [1, 2, 3], `${name} wrote what was pending`);
+      } finally {
+        copy.close();
+      }
+    }
+  });
+
+  it("writes at once when many events are pending, and a write that fails on the timer is reported", async () => {
+    const path = join(dir, "fail.replica.sqlite");
+    const copy = new LocalCopy(path);
+    try {
+      const many = records(Array.from({ length: 2100 }, () => 1));
+      for (const r of many) copy.appendSoon([r], [split(r)], noError);
+      assert.ok(seqsOnDisk(path).length >= 2048, "2,048 pending events were written without waiting for the timer");
+      copy.flush();
+      assert.equal(seqsOnDisk(path).length, 2100);
+      // A record that does not follow the head (a bug upstream): the timer's write fails, and says so.
+      const errors: unknown[] = [];
+      const [gap] = records([1], 2200);
+      copy.appendSoon([gap!], [split(gap!)], (err) => errors.push(err));
+      const until = Date.now() + 20 * FLUSH_MS;
+      while (errors.length === 0 && Date.now() < until) await sleep(FLUSH_MS / 5);
+      assert.equal(errors.length, 1, "the failure reached the pending records' owner");
+      assert.match(String(errors[0]), /cannot append batch 2201\.\.2201 to a local copy at seq 2100/);
+      assert.equal(copy.head(), 2100, "nothing of the failed write is held");
+      // A read that writes it fails, and the owner hears of it too.
+      const [gap2] = records([1], 2300);
+      copy.appendSoon([gap2!], [split(gap2!)], (err) => errors.push(err));
+      assert.throws(() => copy.read(2100, undefined), /cannot append batch 2301\.\.2301 to a local copy at seq 2100/);
+      assert.equal(errors.length, 2);
     } finally {
       copy.close();
     }
