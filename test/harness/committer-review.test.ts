@@ -33,6 +33,8 @@ import { Reducer } from "../../src/state/reducer.js";
 import type { CommitReceipt, Database, Storage } from "../../src/storage/contract.js";
 import { ResetError, StorageRejected } from "../../src/storage/errors.js";
 import { createReplicatedStorage, localCopyPath } from "../../storage-adapters/replicated/index.js";
+import { FLUSH_MS } from "../../storage-adapters/replicated/local-copy.js";
+import { setTimeout as sleep } from "node:timers/promises";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { passThrough, passThroughStorage } from "../../chaos/support/passthrough.js";
 import { devCluster, tempDir } from "../replicated/helpers.js";
@@ -398,6 +400,25 @@ function fullLog(dataDirs: readonly string[], name: string): { log: LogEvent[]; 
   return { log, fold };
 }
 
+/**
+ * fullLog once the local copies hold seq `head` at least: a live owner writes its commits to its
+ * copy within FLUSH_MS (local-copy.ts), so a file read beside it may trail by that much. Bounded:
+ * a copy that never catches up is returned as it is, and the comparisons that follow fail.
+ */
+async function fullLogFrom(dataDirs: readonly string[], name: string, head: number): Promise<{ log: LogEvent[]; fold: Reducer }> {
+  const until = Date.now() + 10_000;
+  for (;;) {
+    const got = fullLog(dataDirs, name);
+    if (got.log.length >= head || Date.now() > until) return got;
+    await sleep(FLUSH_MS);
+  }
+}
+
+/** The highest seq a harness has folded (its sessions' last events). */
+function headOf(h: Harness): number {
+  return Math.max(0, ...h.sessions().map((id) => h.session(id)?.last_seq ?? 0));
+}
+
 function assertSameProjection(h: Harness, fold: Reducer, what: string): void {
   assert.deepEqual([...h.sessions()], [...fold.projection().order], `${what}: sessions`);
   for (const id of fold.projection().order) assert.deepEqual(h.session(id), fold.session(id), `${what}: session ${id}`);
@@ -488,7 +509,7 @@ describe("review: the committer on a real replicated dev cluster", () => {
     assert.deepEqual(f.problems, []);
 
     const live = { sessions: [...h.sessions()], projections: h.sessions().map((id) => structuredClone(h.session(id))) };
-    const { log, fold } = fullLog(dataDirs, name);
+    const { log, fold } = await fullLogFrom(dataDirs, name, headOf(h));
     assert.deepEqual(
       f.events.map((e) => e.identity),
       log.map((e) => e.identity),
@@ -543,7 +564,7 @@ describe("review: the committer on a real replicated dev cluster", () => {
     for (const o of runs) assert.ok(o.result === "success" || /no admissible patch/.test(o.reason ?? ""), `${o.session}: ${o.result} ${o.reason}`);
     await h.settled();
     assert.deepEqual(f.problems, []);
-    const { log, fold } = fullLog(dataDirs, name);
+    const { log, fold } = await fullLogFrom(dataDirs, name, headOf(h));
     assert.deepEqual(
       f.events.map((e) => e.seq),
       log.map((e) => e.seq),
@@ -600,7 +621,7 @@ describe("review: the committer on a real replicated dev cluster", () => {
     const b = await opening;
     assert.deepEqual(fa.problems, []);
 
-    const { log, fold } = fullLog(dataDirs, name);
+    const { log, fold } = await fullLogFrom(dataDirs, name, headOf(b));
     for (const e of fa.events) assert.deepEqual(log[e.seq - 1], e, `seq ${e.seq}: what the first owner's followers saw is in the log`);
     const firstOfB = log.findIndex((e) => e.kind === "owner_claimed" && e.body.epoch === b.epoch);
     const unacknowledged = (firstOfB < 0 ? log.length : firstOfB) - fa.events.length;
@@ -619,7 +640,7 @@ describe("review: the committer on a real replicated dev cluster", () => {
     for (const o of outcomes) assert.ok(o.result === "success" || o.result === "failure", `${o.session}: ${o.result} ${o.reason}`);
     await b.settled();
     assert.deepEqual(fb.problems, []);
-    const end = fullLog(dataDirs, name);
+    const end = await fullLogFrom(dataDirs, name, headOf(b));
     assertSameProjection(b, end.fold, "the second owner at the end");
     assert.deepEqual(
       fb.events.map((e) => e.seq),
@@ -665,7 +686,7 @@ describe("review: the committer on a real replicated dev cluster", () => {
     await withHangGuard(closing.done, "close with batches in flight");
     assert.equal(h.status, "closed");
     assert.deepEqual(f.problems, []);
-    const { log, fold } = fullLog(dataDirs, name);
+    const { log, fold } = await fullLogFrom(dataDirs, name, f.events.at(-1)?.seq ?? 0);
     for (const e of f.events) assert.deepEqual(log[e.seq - 1], e, `seq ${e.seq}`);
     assert.ok(log.length >= f.events.length);
 
@@ -675,7 +696,7 @@ describe("review: the committer on a real replicated dev cluster", () => {
     const outcomes = await withHangGuard(Promise.all(ids.map((id) => again.wait(id))), "the runs after reopen");
     for (const o of outcomes) assert.ok(o.result === "success" || o.result === "failure", `${o.session}: ${o.result} ${o.reason}`);
     await again.settled();
-    const end = fullLog(dataDirs, name);
+    const end = await fullLogFrom(dataDirs, name, headOf(again));
     assertSameProjection(again, end.fold, "at the end");
     await again.close();
   });
@@ -724,7 +745,7 @@ describe("review: the committer on a real replicated dev cluster", () => {
     await h.settled();
     assert.deepEqual(f.problems, []);
     await withHangGuard(h.close(), "close");
-    const { log, fold } = fullLog(dataDirs, name);
+    const { log, fold } = await fullLogFrom(dataDirs, name, f.events.at(-1)?.seq ?? 0);
     for (const e of f.events) assert.deepEqual(log[e.seq - 1], e, `seq ${e.seq}`);
     const again = await open(c.storage, name, rounds);
     assertSameProjection(again, fold, "reopened after the leader's death");
