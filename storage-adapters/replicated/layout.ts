@@ -36,7 +36,8 @@
  *     write acknowledged) BEFORE any identity key it replaces is deleted: at every instant each
  *     identity is in etcd as a key, in a segment, or both.
  *  3. Only the owner commits, and it checks every identity against its local copy first: the events
- *     it holds (full history when the copy kept up; everything after the base when it was rebuilt)
+ *     it holds, written or still pending their write (full history when the copy kept up; everything
+ *     after the base when it was rebuilt)
  *     plus, when rebuilt from a snapshot, every segment (loaded at open, checked in memory). Identities
  *     after the local copy's head are covered by (1) because the copy is caught up to the head at open
  *     and every later commit goes through this owner.
