@@ -375,9 +375,9 @@ export class CommitPipeline {
     this.lastHash = last.hash;
     // Written to the local copy within a few ms (local-copy.ts); a failure to write it poisons the
     // handle then, as it would now (the commits themselves are durable).
-    this.init.copy.appendSoon(records, group, (err) => {
-      this.init.poison(new StorageFailure(`the local copy of "${this.init.name}" could not be written (the commits are durable); reopen to rebuild it.`, { cause: err }));
-    });
+    this.init.copy.appendSoon(records, group, (err) =>
+      this.init.poison(new StorageFailure(`the local copy of "${this.init.name}" could not be written (the commits are durable); reopen to rebuild it.`, { cause: err })),
+    );
     this.ctx.counters.commitsResolved += group.length;
     const faults = this.ctx.opts.faults;
     for (const [i, p] of group.entries()) {

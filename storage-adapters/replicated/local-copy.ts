@@ -75,8 +75,8 @@ export class LocalCopy {
   private pending: { records: BatchRecord[]; split: Split[] } = { records: [], split: [] };
   private readonly pendingIds = new Set<string>();
   private flushTimer: NodeJS.Timeout | null = null;
-  /** Told when writing pending records failed (the caller's handle is then unusable). */
-  private onFlushError: ((err: unknown) => void) | null = null;
+  /** Told when writing pending records failed (the caller's handle is then unusable); may return the error a read then throws. */
+  private onFlushError: ((err: unknown) => Error | void) | null = null;
 
   /** Opens (creating when missing) the local copy at `path`. */
   constructor(readonly path: string) {
@@ -209,7 +209,7 @@ export class LocalCopy {
    * Appends the owner's own committed batches within FLUSH_MS (see the file comment). `onError` is
    * told if writing them fails later, on the timer; a read that writes them throws instead.
    */
-  appendSoon(records: readonly BatchRecord[], split: readonly Split[], onError: (err: unknown) => void): void {
+  appendSoon(records: readonly BatchRecord[], split: readonly Split[], onError: (err: unknown) => Error | void): void {
     this.onFlushError = onError;
     for (const [k, r] of records.entries()) {
       const parts = split[k]!;
@@ -232,7 +232,8 @@ export class LocalCopy {
 
   /**
    * Writes what is pending (see appendSoon). A failure is told to the pending records' owner (the
-   * copy now lags what it acknowledged) and thrown.
+   * copy now lags what it acknowledged), and the error it returns (its handle's StorageFailure) is
+   * thrown, else the disk error itself.
    */
   flush(): void {
     if (this.pending.records.length === 0) return;
@@ -240,8 +241,7 @@ export class LocalCopy {
     try {
       this.write(records, split);
     } catch (err) {
-      this.onFlushError?.(err);
-      throw err;
+      throw this.onFlushError?.(err) ?? err;
     }
   }
 
@@ -273,6 +273,12 @@ export class LocalCopy {
     if (records.length === 0) return;
     const { insertBatches, insertEvents } = this.stmt;
     this.db.transaction(() => {
+      // The base is read again here, not from the cache: another connection to this file (the next
+      // owner's, after this process was fenced) may have rebuilt the copy from a later snapshot
+      // since, and records from before its base must be skipped as held, not written below it.
+      const cached = this.baseCache;
+      this.baseCache = null;
+      if (cached !== null && cached.seq !== this.base().seq) this.archive = null;
       let head = (this.stmt.head.get() as { h: number | null }).h ?? this.base().seq;
       // Every row first, then multi-row inserts (src/storage/sqlite-rows.ts): a group of 63
       // one-event commits costs 4 statements, not 126.

@@ -164,16 +164,19 @@ describe("local copy deferred append (appendSoon)", () => {
       // A record that does not follow the head (a bug upstream): the timer's write fails, and says so.
       const errors: unknown[] = [];
       const [gap] = records([1], 2200);
-      copy.appendSoon([gap!], [split(gap!)], (err) => errors.push(err));
+      copy.appendSoon([gap!], [split(gap!)], (err) => void errors.push(err));
       const until = Date.now() + 20 * FLUSH_MS;
       while (errors.length === 0 && Date.now() < until) await sleep(FLUSH_MS / 5);
       assert.equal(errors.length, 1, "the failure reached the pending records' owner");
       assert.match(String(errors[0]), /cannot append batch 2201\.\.2201 to a local copy at seq 2100/);
       assert.equal(copy.head(), 2100, "nothing of the failed write is held");
-      // A read that writes it fails, and the owner hears of it too.
+      // A read that writes it fails with the error the owner returns (its handle's failure).
       const [gap2] = records([1], 2300);
-      copy.appendSoon([gap2!], [split(gap2!)], (err) => errors.push(err));
-      assert.throws(() => copy.read(2100, undefined), /cannot append batch 2301\.\.2301 to a local copy at seq 2100/);
+      copy.appendSoon([gap2!], [split(gap2!)], (err) => {
+        errors.push(err);
+        return new Error(`the handle is poisoned: ${String(err)}`);
+      });
+      assert.throws(() => copy.read(2100, undefined), /the handle is poisoned: .*cannot append batch 2301\.\.2301 to a local copy at seq 2100/);
       assert.equal(errors.length, 2);
     } finally {
       copy.close();
