@@ -293,9 +293,13 @@ export class CellKeeper {
     return state === "T" || state === "t";
   }
 
-  /** A stopped keeper (a cell can send it SIGSTOP) would miss its deadline: continue it. */
+  /**
+   * A stopped keeper (a cell can send it SIGSTOP) would miss its deadline: continue it. Sent without
+   * reading its state first: the kernel discards a SIGCONT to a process that runs (the keeper keeps
+   * SIGCONT's default action), and one kill() costs less than reading /proc/PID/stat on every add.
+   */
   private continueIfStopped(): void {
-    if (this.keeperStopped()) this.signalKeeper("SIGCONT");
+    this.signalKeeper("SIGCONT");
   }
 
   private signalKeeper(signal: NodeJS.Signals): void {

@@ -65,10 +65,13 @@ export class LocalCopy {
   private readonly stmt: {
     head: Database.Statement;
     hasIdentity: Database.Statement;
+    base: Database.Statement;
+    lastBatch: Database.Statement;
     insertBatches: RowInserter;
     insertEvents: RowInserter;
   };
 
+  private readonly heldOfStmts = new Map<number, Database.Statement>();
   private baseCache: { seq: number; hash: string } | null = null;
   private archive: Set<string> | null = null;
   /** Committed records not written yet (appendSoon), in seq order, and their identities. */
@@ -94,6 +97,8 @@ export class LocalCopy {
     this.stmt = {
       head: this.db.prepare("SELECT MAX(seq) AS h FROM events"),
       hasIdentity: this.db.prepare("SELECT 1 FROM events WHERE identity = ?"),
+      base: this.db.prepare("SELECT key, value FROM meta WHERE key IN ('base_seq', 'base_hash')"),
+      lastBatch: this.db.prepare("SELECT first, last, hash FROM batches ORDER BY first DESC LIMIT 1"),
       insertBatches: new RowInserter(this.db, "INSERT INTO batches (first, last, epoch, token, hash)", 5),
       insertEvents: new RowInserter(this.db, "INSERT INTO events (seq, identity, json)", 3),
     };
@@ -109,7 +114,7 @@ export class LocalCopy {
   /** Where the copy starts: events 1..seq are not held (0 and GENESIS_HASH for a full copy). */
   base(): { seq: number; hash: string } {
     if (this.baseCache === null) {
-      const rows = this.db.prepare("SELECT key, value FROM meta WHERE key IN ('base_seq', 'base_hash')").all() as { key: string; value: string }[];
+      const rows = this.stmt.base.all() as { key: string; value: string }[];
       const m = new Map(rows.map((r) => [r.key, r.value]));
       this.baseCache = { seq: Number(m.get("base_seq") ?? "0"), hash: m.get("base_hash") ?? GENESIS_HASH };
     }
@@ -119,7 +124,7 @@ export class LocalCopy {
   /** The last batch held locally, or null. */
   lastBatch(): LocalBatch | null {
     this.flush();
-    return (this.db.prepare("SELECT first, last, hash FROM batches ORDER BY first DESC LIMIT 1").get() as LocalBatch | undefined) ?? null;
+    return (this.stmt.lastBatch.get() as LocalBatch | undefined) ?? null;
   }
 
   /** The chain hash at the local head (the base's hash when no batch follows it). */
@@ -305,7 +310,23 @@ export class LocalCopy {
   /** Of `identities`, those already in the log: in the local copy, or in the identity segments before its base. */
   existing(identities: readonly string[]): string[] {
     const archive = this.base().seq > 0 ? this.archived() : null;
-    return identities.filter((id) => this.pendingIds.has(id) || this.stmt.hasIdentity.get(id) !== undefined || archive?.has(id) === true);
+    if (identities.length === 1) {
+      const id = identities[0]!;
+      return this.pendingIds.has(id) || this.stmt.hasIdentity.get(id) !== undefined || archive?.has(id) === true ? [id] : [];
+    }
+    // One statement for all of them (a round's commits hold several identities each).
+    const held = new Set(this.heldOf(identities.length).all(...identities) as string[]);
+    return identities.filter((id) => this.pendingIds.has(id) || held.has(id) || archive?.has(id) === true);
+  }
+
+  /** `SELECT identity ... IN (?, ..., ?)` with n placeholders, prepared once per n. */
+  private heldOf(n: number): Database.Statement {
+    let stmt = this.heldOfStmts.get(n);
+    if (stmt === undefined) {
+      stmt = this.db.prepare(`SELECT identity FROM events WHERE identity IN (${Array.from({ length: n }, () => "?").join(", ")})`).pluck();
+      this.heldOfStmts.set(n, stmt);
+    }
+    return stmt;
   }
 
   /** The identities before the base, loaded once from the segments (exact, in memory). */
