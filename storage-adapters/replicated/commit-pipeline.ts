@@ -321,7 +321,7 @@ export class CommitPipeline {
       }
       try {
         this.ctx.counters.commitTxns++;
-        const res = await this.ctx.txn(compare, success, readBack);
+        const res = await this.ctx.commitTxn(compare, success, readBack);
         if (res.succeeded) return { kind: "ok" };
         return this.decide(res.responses, expected, token);
       } catch (err) {

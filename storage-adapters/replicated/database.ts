@@ -28,6 +28,8 @@ const ACK_CHUNK = 60;
 export interface ReplicatedStats extends DatabaseStats {
   /** etcd transactions this Storage sent to append (retries included); fewer than commits when grouped. */
   readonly commitTxns: number;
+  /** Attempts (one per member tried) sent on the adapter's own HTTP/2 connections (txn-wire.ts) rather than the etcd3 client. */
+  readonly commitTxnsHttp2: number;
   /** Commits this Storage resolved with a receipt. */
   readonly commitsResolved: number;
 }
@@ -243,6 +245,7 @@ export class ReplicatedDatabase implements Database {
       backlogBytes: backlog.bytes,
       quorumWaitSeconds: Math.max(0, q.lostSeconds - this.openedLostSeconds),
       commitTxns: this.ctx.counters.commitTxns,
+      commitTxnsHttp2: this.ctx.counters.commitTxnsHttp2,
       commitsResolved: this.ctx.counters.commitsResolved,
     };
   }

@@ -27,6 +27,7 @@ import { checkMembers, openReplicatedDatabase } from "./open.js";
 import { kvsOf, prefixEnd, range } from "./ops.js";
 import { resolveOptions, type ReplicatedLogger, type ReplicatedOptions } from "./options.js";
 import { Router, channelOptions, memberClientOptions } from "./router.js";
+import { TxnWire } from "./txn-wire.js";
 
 export type { ReplicatedOptions, ReplicatedLogger } from "./options.js";
 export type { ReplicatedStats } from "./database.js";
@@ -73,7 +74,13 @@ export function createReplicatedStorage(options: ReplicatedOptions): Storage {
   const health = new HealthMonitor(memberOptions, opts.healthIntervalMs, log);
   // One client per member; each call names its deadline (router.ts). Streams (watches, the lease
   // keep-alive) have none: their liveness is checked by gRPC keepalive and by the health monitor.
-  const router = new Router(opts.endpoints, memberOptions, opts.attemptTimeoutMs, (url) => health.member(url), opts.commitTimeoutMs);
+  // The commit transaction goes on a connection of its own (txn-wire.ts), except with etcd
+  // authentication, whose tokens the etcd3 client handles.
+  const wireTls = opts.tls
+    ? { ca: readPem(opts.tls.ca, "ca"), ...(opts.tls.cert ? { cert: readPem(opts.tls.cert, "cert") } : {}), ...(opts.tls.key ? { key: readPem(opts.tls.key, "key") } : {}) }
+    : undefined;
+  const wireFor = (url: string): TxnWire | null => (opts.username === undefined && opts.commitClient === "http2" ? new TxnWire(url, wireTls, MAX_RECEIVE_BYTES) : null);
+  const router = new Router(opts.endpoints, memberOptions, opts.attemptTimeoutMs, (url) => health.member(url), opts.commitTimeoutMs, wireFor);
   const ctx = new Context(router, opts, log, health);
   const open = new Set<ReplicatedDatabase>();
   let membersLogged = false;

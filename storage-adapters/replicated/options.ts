@@ -31,6 +31,7 @@ const OptionsSchema = z.strictObject({
   livenessMs: z.number().int().min(2000).default(3000),
   healthIntervalMs: z.number().int().min(100).default(1000),
   leaseMs: z.number().int().min(1000).default(10_000),
+  commitClient: z.enum(["http2", "etcd3"]).default("http2"),
   logger: z.custom<ReplicatedLogger>((v) => typeof v === "object" && v !== null && ["info", "warn", "error"].every((k) => typeof (v as Record<string, unknown>)[k] === "function"), {
     message: "logger must have info, warn and error methods (pino-compatible)",
   }).optional(),
@@ -81,6 +82,12 @@ export interface ReplicatedOptions {
   readonly healthIntervalMs?: number;
   /** Length of an owner lease (lease.ts) in ms, rounded up to whole seconds (default 10000). */
   readonly leaseMs?: number;
+  /**
+   * How the commit transaction reaches etcd: "http2" (default), one HTTP/2 connection per member of
+   * our own (txn-wire.ts; it costs about half the CPU), or "etcd3", the etcd3 client every other
+   * request uses. With username/password the etcd3 client is always used (it handles the tokens).
+   */
+  readonly commitClient?: "http2" | "etcd3";
   readonly logger?: ReplicatedLogger;
   readonly faults?: FaultHook;
 }

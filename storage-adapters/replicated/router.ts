@@ -21,6 +21,7 @@ import { createRequire } from "node:module";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Etcd3, type IOptions } from "etcd3";
 import { classifyEtcdError } from "./etcd-errors.js";
+import type { TxnWire } from "./txn-wire.js";
 
 /** How long a member that failed an attempt is tried last. */
 const PENALTY_MS = 3000;
@@ -67,6 +68,8 @@ export function memberClientOptions(base: Omit<IOptions, "hosts">): Omit<IOption
 export interface Member {
   readonly url: string;
   readonly client: Etcd3;
+  /** The commit path's own connection to this member (txn-wire.ts), or null where the etcd3 client is used (authentication). */
+  readonly wire: TxnWire | null;
   penalizedUntil: number;
 }
 
@@ -84,6 +87,7 @@ export class Router {
     private readonly attemptTimeoutMs: number,
     private readonly healthOf: MemberHealth,
     overallMs: number,
+    wireFor: (url: string) => TxnWire | null = () => null,
     private readonly now: () => number = Date.now,
   ) {
     // Deadlines are set when the call actually starts (after authentication, which may take a while):
@@ -95,7 +99,7 @@ export class Router {
           : c.isStream
             ? {}
             : { deadline: Date.now() + this.attemptTimeoutMs };
-    this.members = endpoints.map((url) => ({ url, client: new Etcd3({ ...clientOptions, hosts: [url], defaultCallOptions: callOptions }), penalizedUntil: 0 }));
+    this.members = endpoints.map((url) => ({ url, client: new Etcd3({ ...clientOptions, hosts: [url], defaultCallOptions: callOptions }), wire: wireFor(url), penalizedUntil: 0 }));
   }
 
   /** Members in the order to try them: preferred, then healthy and unpenalized, then the rest. */
@@ -130,7 +134,7 @@ export class Router {
    * one answers or `overallMs` has passed. Errors that are not outages (refusals, auth, too large)
    * are thrown at once; the last outage is thrown when time runs out.
    */
-  async call<T>(op: (client: Etcd3) => Promise<T>, overallMs: number): Promise<T> {
+  async call<T>(op: (client: Etcd3, member: Member) => Promise<T>, overallMs: number): Promise<T> {
     const deadline = this.now() + overallMs;
     let last: unknown = null;
     for (;;) {
@@ -138,7 +142,7 @@ export class Router {
         const remaining = deadline - this.now();
         if (remaining <= 0 || this.closed) break;
         try {
-          const res = await op(m.client);
+          const res = await op(m.client, m);
           this.preferred = m;
           m.penalizedUntil = 0;
           return res;
@@ -156,7 +160,10 @@ export class Router {
 
   close(): void {
     this.closed = true;
-    for (const m of this.members) m.client.close();
+    for (const m of this.members) {
+      m.client.close();
+      m.wire?.close();
+    }
   }
 }
 

@@ -1,0 +1,306 @@
+/**
+ * The commit path's own etcd client (txn-wire.ts): its protobuf encoding and decoding checked against
+ * the etcd3 client's (protobufjs on etcd's rpc.proto) as properties, and its behaviour on a real
+ * cluster: the same answers as the etcd3 client, a refused connection, a frozen member (SIGSTOP)
+ * answered by a deadline and left behind, a killed member, etcd's own refusals, and close. Then the
+ * adapter: commits go on it by default, and through the etcd3 client with commitClient "etcd3".
+ */
+import assert from "node:assert/strict";
+import { createRequire } from "node:module";
+import { createServer } from "node:net";
+import { after, before, describe, it } from "node:test";
+import fc from "fast-check";
+import { Etcd3, type ICompare, type IRequestOp } from "etcd3";
+import { classifyEtcdError } from "../../storage-adapters/replicated/etcd-errors.js";
+import { createReplicatedStorage, type ReplicatedStats } from "../../storage-adapters/replicated/index.js";
+import { absent, count, del, delRange, get, modIs, prefixEnd, present, put, putWithLease, range, valueIs } from "../../storage-adapters/replicated/ops.js";
+import { TxnWire, decodeTxnResponse, encodeTxnRequest, type TxnRequest } from "../../storage-adapters/replicated/txn-wire.js";
+import { devCluster, ev, tempDir, untilQuorum } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
+
+// The etcd3 client's own codec, as the oracle: its copy of proto-loader on its rpc.proto.
+const fromEtcd3 = createRequire(createRequire(import.meta.url).resolve("etcd3"));
+const loader = fromEtcd3("@grpc/proto-loader") as typeof import("@grpc/proto-loader");
+const pkg = loader.loadSync(fromEtcd3.resolve("etcd3/proto/rpc.proto"), { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true });
+interface MethodDef {
+  requestSerialize(v: unknown): Buffer;
+  requestDeserialize(b: Buffer): unknown;
+  responseSerialize(v: unknown): Buffer;
+  responseDeserialize(b: Buffer): unknown;
+}
+const txnDef = (pkg["etcdserverpb.KV"] as unknown as { Txn: MethodDef }).Txn;
+
+/** Buffers as hex, so deepEqual compares bytes and not Buffer identity. */
+const plain = (v: unknown): unknown => JSON.parse(JSON.stringify(v, (_k, x: unknown) => (x && typeof x === "object" && (x as { type?: string }).type === "Buffer" ? Buffer.from((x as { data: number[] }).data).toString("hex") : x)));
+
+const key = fc.uint8Array({ minLength: 1, maxLength: 40 }).map((a) => Buffer.from(a));
+const bytes = fc.uint8Array({ maxLength: 300 }).map((a) => Buffer.from(a));
+const rev = fc.oneof(fc.constant(0), fc.integer({ min: 1, max: 2 ** 31 }), fc.maxSafeInteger().filter((n) => n >= 0));
+const compareArb: fc.Arbitrary<ICompare> = fc.oneof(
+  fc.tuple(key, bytes).map(([k, v]) => ({ key: k, target: "Value" as const, result: "Equal" as const, value: v })),
+  fc.tuple(key, rev, fc.constantFrom("Equal", "Greater", "Less", "NotEqual" as const)).map(([k, r, result]) => ({ key: k, target: "Create" as const, result, create_revision: r })),
+  fc.tuple(key, rev).map(([k, r]) => ({ key: k, target: "Mod" as const, result: "Equal" as const, mod_revision: String(r) })),
+  fc.tuple(key, rev).map(([k, r]) => ({ key: k, target: "Version" as const, result: "Less" as const, version: r })),
+  fc.tuple(key, rev, key).map(([k, r, end]) => ({ key: k, target: "Lease" as const, result: "NotEqual" as const, lease: r, range_end: end })),
+);
+const opArb: fc.Arbitrary<IRequestOp> = fc.oneof(
+  fc.tuple(key, bytes).map(([k, v]) => ({ request_put: { key: k, value: v } })),
+  fc.tuple(key, bytes, rev).map(([k, v, l]) => ({ request_put: { key: k, value: v, lease: String(l) } })),
+  fc.tuple(key, key, fc.integer({ min: 0, max: 10_000 }), fc.boolean(), fc.boolean()).map(([k, end, limit, keysOnly, countOnly]) => ({
+    request_range: { key: k, range_end: end, limit, keys_only: keysOnly, count_only: countOnly },
+  })),
+  key.map((k) => ({ request_range: { key: k } })),
+  fc.tuple(key, fc.option(key, { nil: undefined })).map(([k, end]) => ({ request_delete_range: end === undefined ? { key: k } : { key: k, range_end: end } })),
+);
+const txnArb: fc.Arbitrary<TxnRequest> = fc.record({ compare: fc.array(compareArb, { maxLength: 6 }), success: fc.array(opArb, { maxLength: 6 }), failure: fc.array(opArb, { maxLength: 4 }) });
+
+describe("txn-wire encoding", () => {
+  it("encodes every TxnRequest as protobufjs reads it back, equal to the etcd3 client's own encoding (property)", () => {
+    fc.assert(
+      fc.property(txnArb, (req) => {
+        const ours = encodeTxnRequest(req);
+        assert.equal(ours[0], 0, "uncompressed");
+        assert.equal(ours.readUInt32BE(1), ours.length - 5, "the prefix announces the message length");
+        const theirs = txnDef.requestSerialize(req);
+        assert.deepEqual(plain(txnDef.requestDeserialize(ours.subarray(5))), plain(txnDef.requestDeserialize(theirs)));
+      }),
+      { numRuns: 400 },
+    );
+  });
+
+  it("encodes the adapter's own builders as the etcd3 client does (the same message; protobufjs also writes zero values it was given, proto3 reads both alike)", () => {
+    const req: TxnRequest = {
+      compare: [valueIs("c/x/epoch", "7"), absent("c/x/ident/a"), present("c/x/head"), modIs("c/x/lease", "0")],
+      success: [put("c/x/log/1", "{}"), put("c/x/empty", ""), putWithLease("c/x/live", "v", "694d77aa9e8b2e0c".length.toString()), del("c/x/old"), delRange("c/x/a", prefixEnd("c/x/a"))],
+      failure: [get("c/x/epoch"), range("c/x/log/", prefixEnd("c/x/log/"), 10), count("c/x/mail/")],
+    };
+    const ours = txnDef.requestDeserialize(encodeTxnRequest(req).subarray(5));
+    assert.deepEqual(plain(ours), plain(txnDef.requestDeserialize(txnDef.requestSerialize(req))));
+    // Spot checks on what the guard depends on.
+    const c = (ours as { compare: { target: string; result: string; create_revision?: string; target_union?: string }[] }).compare;
+    assert.equal(c[1]!.target, "Create");
+    assert.equal(c[1]!.target_union, "create_revision", "absent() sends its zero create_revision (a oneof)");
+  });
+
+  it("refuses what the commit path never sends (a nested txn, a sorted range, an op with no request) instead of sending something else", () => {
+    assert.throws(() => encodeTxnRequest({ compare: [], success: [{ request_txn: { compare: [], success: [], failure: [] } }], failure: [] }), /nested txn/);
+    assert.throws(() => encodeTxnRequest({ compare: [], success: [{ request_range: { key: Buffer.from("k"), sort_order: "Descend" } }], failure: [] }), /sort order/);
+    assert.throws(() => encodeTxnRequest({ compare: [], success: [{}], failure: [] }), /exactly one request/);
+    assert.throws(() => encodeTxnRequest({ compare: [{ key: Buffer.from("k"), target: "Create", result: "Equal", create_revision: -1 }], success: [], failure: [] }), /non-negative/);
+  });
+
+  it("decodes every TxnResponse as the etcd3 client does (property; 64-bit member ids exact)", () => {
+    const u64 = fc.bigInt({ min: 0n, max: 2n ** 64n - 1n }).map(String);
+    const header = fc.record({ cluster_id: u64, member_id: u64, revision: rev.map(String), raft_term: rev.map(String) });
+    const kv = fc.record({ key, create_revision: rev.map(String), mod_revision: rev.map(String), version: rev.map(String), value: bytes, lease: rev.map(String) });
+    const op = fc.oneof(
+      fc.record({ header, kvs: fc.array(kv, { maxLength: 4 }), more: fc.boolean(), count: rev.map(String) }).map((r) => ({ response_range: r })),
+      header.map((h) => ({ response_put: { header: h } })),
+      fc.record({ header, deleted: rev.map(String) }).map((d) => ({ response_delete_range: { ...d, prev_kvs: [] } })),
+    );
+    const res = fc.record({ header, succeeded: fc.boolean(), responses: fc.array(op, { maxLength: 6 }) });
+    fc.assert(
+      fc.property(res, (r) => {
+        const wire = txnDef.responseSerialize(r);
+        const theirs = txnDef.responseDeserialize(wire) as { header: unknown; succeeded: boolean; responses: Record<string, unknown>[] };
+        const ours = decodeTxnResponse(wire);
+        assert.equal(ours.succeeded, theirs.succeeded);
+        assert.deepEqual(plain(ours.header), plain(theirs.header));
+        assert.equal(ours.responses.length, theirs.responses.length);
+        ours.responses.forEach((o, i) => {
+          const t = theirs.responses[i]!;
+          const which = t["response"] as string;
+          const mine = o as unknown as Record<string, unknown>;
+          assert.deepEqual(Object.keys(mine), [which]);
+          const expected = { ...(t[which] as Record<string, unknown>) };
+          if (which === "response_put") delete expected["prev_kv"];
+          assert.deepEqual(plain(mine[which]), plain(expected));
+        });
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it("refuses a truncated or corrupt response with a message, not a wrong answer", () => {
+    const good = txnDef.responseSerialize({ header: { revision: "5" }, succeeded: true, responses: [{ response_range: { kvs: [{ key: Buffer.from("k"), value: Buffer.from("v") }] } }] });
+    for (let cut = 1; cut < good.length; cut++) {
+      try {
+        const r = decodeTxnResponse(good.subarray(0, cut));
+        // A cut at a field boundary is a shorter valid message: it must never invent what was not sent.
+        assert.ok(r.responses.length <= 1);
+      } catch (err) {
+        assert.match((err as Error).message, /past the end|wire type|longer than 10 bytes/);
+      }
+    }
+  });
+});
+
+describe("txn-wire on a real cluster", () => {
+  let dc: Awaited<ReturnType<typeof devCluster>>;
+  let etcd: Etcd3;
+  const wires: TxnWire[] = [];
+  const wire = (url: string, max = 1 << 20): TxnWire => {
+    const w = new TxnWire(url, undefined, max);
+    wires.push(w);
+    return w;
+  };
+
+  before(async () => {
+    dc = await devCluster();
+    etcd = new Etcd3({ hosts: dc.cluster.endpoints });
+  });
+  after(async () => {
+    for (const w of wires) w.close();
+    etcd?.close();
+    await dc?.stop();
+  });
+
+  it("answers a guarded transaction as the etcd3 client does, in both branches", async () => {
+    const w = wire(dc.cluster.endpoints[0]!);
+    await etcd.put("w/epoch").value("3");
+    const ok = await w.txn({ compare: [valueIs("w/epoch", "3"), absent("w/ident/a")], success: [put("w/log/1", "one"), put("w/ident/a", "1")], failure: [get("w/epoch")] }, 2000);
+    assert.equal(ok.succeeded, true);
+    assert.equal(ok.responses.length, 2);
+    const failure = [get("w/epoch"), get("w/log/1"), range("w/", prefixEnd("w/"), 2), count("w/")];
+    const guarded = { compare: [valueIs("w/epoch", "4")], success: [put("w/x", "never")], failure };
+    const ours = await w.txn(guarded, 2000);
+    const theirs = await etcd.kv.txn(guarded);
+    assert.equal(ours.succeeded, false);
+    assert.equal(ours.header.revision, theirs.header.revision);
+    assert.deepEqual(
+      plain(ours.responses.map((r) => r.response_range)),
+      plain(theirs.responses.map((r) => ({ header: r.response_range.header, kvs: r.response_range.kvs, more: r.response_range.more, count: r.response_range.count }))),
+    );
+    assert.equal(ours.responses[1]!.response_range.kvs[0]!.value.toString(), "one");
+    assert.equal((await etcd.get("w/x").string()), null, "the failed guard wrote nothing");
+  });
+
+  it("reports etcd's own refusals with the etcd3 client's classes: too many operations is too_large", async () => {
+    const w = wire(dc.cluster.endpoints[1]!);
+    const many = Array.from({ length: 200 }, (_, i) => put(`w/many/${i}`, "x"));
+    const err = await w.txn({ compare: [], success: many, failure: [] }, 2000).then(
+      () => assert.fail("etcd took 200 operations in one txn"),
+      (e: unknown) => e,
+    );
+    assert.equal(classifyEtcdError(err), "too_large", String(err));
+    assert.match((err as Error).message, /too many operations in txn request/);
+    // The connection is still good.
+    assert.equal((await w.txn({ compare: [], success: [get("w/epoch")], failure: [] }, 2000)).succeeded, true);
+  });
+
+  it("refuses a response larger than its limit as too_large", async () => {
+    const w = wire(dc.cluster.endpoints[1]!, 64);
+    await etcd.put("w/big").value("b".repeat(500));
+    const err = await w.txn({ compare: [], success: [get("w/big")], failure: [] }, 2000).catch((e: unknown) => e);
+    assert.equal(classifyEtcdError(err), "too_large", String(err));
+  });
+
+  it("a refused connection is an outage (may retry elsewhere), at once", async () => {
+    const port = await new Promise<number>((resolve) => {
+      const s = createServer();
+      s.listen(0, "127.0.0.1", () => {
+        const p = (s.address() as { port: number }).port;
+        s.close(() => resolve(p));
+      });
+    });
+    const w = wire(`http://127.0.0.1:${port}`);
+    const t0 = Date.now();
+    const err = await w.txn({ compare: [], success: [get("w/epoch")], failure: [] }, 5000).catch((e: unknown) => e);
+    assert.equal(classifyEtcdError(err), "outage", String(err));
+    assert.ok(Date.now() - t0 < 4000, "refused at once, not at the deadline");
+  });
+
+  it("a frozen member (SIGSTOP) costs one deadline, an outage; after SIGCONT the next call connects again and is answered", async () => {
+    const w = wire(dc.cluster.endpoints[2]!);
+    assert.equal((await w.txn({ compare: [], success: [get("w/epoch")], failure: [] }, 2000)).succeeded, true);
+    dc.cluster.signal(2, "SIGSTOP");
+    try {
+      const t0 = Date.now();
+      const err = await w.txn({ compare: [], success: [get("w/epoch")], failure: [] }, 300).catch((e: unknown) => e);
+      const took = Date.now() - t0;
+      assert.equal(classifyEtcdError(err), "outage", String(err));
+      assert.match(String(err), /DEADLINE_EXCEEDED/);
+      assert.ok(took >= 290 && took < 3000, `answered by the deadline: ${took} ms`);
+    } finally {
+      dc.cluster.signal(2, "SIGCONT");
+    }
+    await untilQuorum(dc.cluster);
+    let answered = false;
+    for (let i = 0; i < 50 && !answered; i++) {
+      answered = await w.txn({ compare: [], success: [get("w/epoch")], failure: [] }, 1000).then(
+        (r) => r.succeeded,
+        () => false,
+      );
+      if (!answered) await new Promise((r) => setTimeout(r, 200));
+    }
+    assert.ok(answered, "the wire reconnected after the member came back");
+  });
+
+  it("a killed member is an outage; after its restart the same wire is answered again", async () => {
+    const w = wire(dc.cluster.endpoints[2]!);
+    assert.equal((await w.txn({ compare: [], success: [get("w/epoch")], failure: [] }, 2000)).succeeded, true);
+    await dc.cluster.kill(2);
+    const err = await w.txn({ compare: [], success: [get("w/epoch")], failure: [] }, 2000).catch((e: unknown) => e);
+    assert.equal(classifyEtcdError(err), "outage", String(err));
+    await dc.cluster.restart(2);
+    await untilQuorum(dc.cluster);
+    let answered = false;
+    for (let i = 0; i < 100 && !answered; i++) {
+      answered = await w.txn({ compare: [], success: [get("w/epoch")], failure: [] }, 1000).then(
+        (r) => r.succeeded,
+        () => false,
+      );
+      if (!answered) await new Promise((r) => setTimeout(r, 200));
+    }
+    assert.ok(answered, "the wire reconnected after the restart");
+  });
+
+  it("after close, calls are refused as closed and nothing is sent", async () => {
+    const w = wire(dc.cluster.endpoints[0]!);
+    await w.txn({ compare: [], success: [get("w/epoch")], failure: [] }, 2000);
+    w.close();
+    const err = await w.txn({ compare: [], success: [put("w/after-close", "x")], failure: [] }, 2000).catch((e: unknown) => e);
+    assert.equal(classifyEtcdError(err), "closed", String(err));
+    assert.equal(await etcd.get("w/after-close").string(), null);
+  });
+
+  it("commits of the adapter go on it by default, and through the etcd3 client with commitClient etcd3; both logs read the same", async () => {
+    const dirs = tempDir("wire-adapter");
+    const own = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/a` });
+    const lib = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/b`, commitClient: "etcd3" });
+    try {
+      for (const [storage, name] of [[own, "via-http2"], [lib, "via-etcd3"]] as const) {
+        const db = await storage.open(name);
+        for (let i = 0; i < 5; i++) await db.commit([ev(`${name}-${i}a`), ev(`${name}-${i}b`)]);
+        await assert.rejects(db.commit([ev(`${name}-0a`)]), /identity in the log/);
+        const s = db.stats() as ReplicatedStats;
+        assert.ok(s.commitTxns >= 5);
+        if (name === "via-http2") assert.ok(s.commitTxnsHttp2 >= 5, `http2 attempts: ${s.commitTxnsHttp2}`);
+        else assert.equal(s.commitTxnsHttp2, 0);
+        await db.close();
+      }
+      const fresh = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/c` });
+      try {
+        for (const name of ["via-http2", "via-etcd3"]) {
+          const log = await (await fresh.reader(name)).read();
+          assert.deepEqual(
+            log.map((e) => e.identity),
+            Array.from({ length: 5 }, (_, i) => [`${name}-${i}a`, `${name}-${i}b`]).flat(),
+          );
+        }
+      } finally {
+        await fresh.close();
+      }
+    } finally {
+      await own.close();
+      await lib.close();
+      dirs.remove();
+    }
+  });
+
+  it("refuses an unknown commitClient with a message naming the option", () => {
+    assert.throws(() => createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: "/tmp/x", commitClient: "grpc" as never }), /commitClient/);
+  });
+});
+
+exitAfterTests("test/replicated/txn-wire.test.ts");
