@@ -21,6 +21,7 @@
  * a later batch of the same session logged without a claim.
  */
 import { performance } from "node:perf_hooks";
+import { copyJson } from "../state/canonical.js";
 import type { EventBody, LogEvent, NewEvent } from "../state/events.js";
 import { parseLogEvent } from "../state/events.js";
 import { withOwnerClaims } from "../state/outcomes.js";
@@ -171,7 +172,12 @@ export class Committer {
         break;
       }
       this.fold(entry, () => {
-        const logged = entry.events.map((e, i) => ({ ...structuredClone(e), seq: receipt.firstSeq + i }) as LogEvent);
+        // A copy: what the reducer holds must not change if the caller reuses its event objects.
+        const logged = entry.events.map((e, i) => {
+          const copy = copyJson(e) as { -readonly [K in keyof LogEvent]: LogEvent[K] };
+          copy.seq = receipt.firstSeq + i;
+          return copy as LogEvent;
+        });
         reducer.apply(logged);
         return logged;
       });

@@ -90,6 +90,25 @@ export function jsonClone<T>(value: T): T {
   return JSON.parse(JSON.stringify(value)) as T;
 }
 
+/**
+ * A deep copy of a value its caller knows to be plain JSON (objects, arrays, strings, numbers,
+ * booleans, null; an event validated before its commit), without serialising it: a fraction of
+ * structuredClone's cost on Node 20, which goes through the worker message serializer. Equal to
+ * JSON.parse(JSON.stringify(value)), so what is folded in memory is what a read of the log gives:
+ * -0 becomes 0, and a "__proto__" key stays an own data property (never the copy's prototype).
+ */
+export function copyJson<T>(value: T): T {
+  if (typeof value !== "object" || value === null) return (value === 0 ? 0 : value) as T; // -0 is 0 in JSON
+  if (Array.isArray(value)) return value.map(copyJson) as T;
+  const out: Record<string, unknown> = {};
+  for (const key of Object.keys(value)) {
+    const v = copyJson((value as Record<string, unknown>)[key]);
+    if (key === "__proto__") Object.defineProperty(out, key, { value: v, enumerable: true, writable: true, configurable: true });
+    else out[key] = v;
+  }
+  return out as T;
+}
+
 /** A short JSON rendering for messages: at most `max` characters, marked with an ellipsis when cut. */
 export function describeJson(value: unknown, max = 120): string {
   let text: string;
