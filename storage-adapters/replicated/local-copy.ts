@@ -132,6 +132,21 @@ export class LocalCopy {
     return this.lastBatch()?.hash ?? this.base().hash;
   }
 
+  /**
+   * The local head and the chain hash there, read in one read transaction: another connection to
+   * the file (another process on this data dir) may append or rebase between two separate reads.
+   */
+  tip(): { head: number; hash: string } {
+    this.flush();
+    return this.db.transaction(() => {
+      this.rereadBase();
+      const base = this.base();
+      const last = this.stmt.lastBatch.get() as LocalBatch | undefined;
+      const h = (this.stmt.head.get() as { h: number | null }).h;
+      return { head: h ?? base.seq, hash: last?.hash ?? base.hash };
+    })();
+  }
+
   /** The last whole batch ending at or before `seq` (null when none is held). */
   batchEndingBy(seq: number): LocalBatch | null {
     this.flush();
@@ -281,9 +296,7 @@ export class LocalCopy {
       // The base is read again here, not from the cache: another connection to this file (the next
       // owner's, after this process was fenced) may have rebuilt the copy from a later snapshot
       // since, and records from before its base must be skipped as held, not written below it.
-      const cached = this.baseCache;
-      this.baseCache = null;
-      if (cached !== null && cached.seq !== this.base().seq) this.archive = null;
+      this.rereadBase();
       let head = (this.stmt.head.get() as { h: number | null }).h ?? this.base().seq;
       // Every row first, then multi-row inserts (src/storage/sqlite-rows.ts): a group of 63
       // one-event commits costs 4 statements, not 126.
@@ -305,6 +318,13 @@ export class LocalCopy {
       insertBatches.insertAll(batchRows);
       insertEvents.insertAll(eventRows);
     })();
+  }
+
+  /** Reads the base again (another connection may have rebased the file); drops the identity archive when it moved. */
+  private rereadBase(): void {
+    const cached = this.baseCache;
+    this.baseCache = null;
+    if (cached !== null && cached.seq !== this.base().seq) this.archive = null;
   }
 
   /** Of `identities`, those already in the log: in the local copy, or in the identity segments before its base. */

@@ -147,8 +147,9 @@ async function syncCopy(ctx: Context, keys: Keys, name: string, copy: LocalCopy,
     if (behind) ctx.log.warn({ db: name, path: copy.path, localHead, cut }, "local copy ends before the cluster's compacted entries: rebuilding it from the latest snapshot (its older history stays only in archives)");
     copy.rebase(cut, pointer!.cutHash, await readSegments(ctx, keys));
   }
-  const from = copy.head();
-  const prevHash = from === 0 ? GENESIS_HASH : copy.tipHash();
+  const tip = copy.tip();
+  const from = tip.head;
+  const prevHash = from === 0 ? GENESIS_HASH : tip.hash;
   if (from < head) {
     const hash = await forEachBatch(ctx, keys, from + 1, head, prevHash, (records) => copy.append(records));
     ctx.log.info({ db: name, from, to: head }, from === 0 ? "local copy rebuilt from the cluster" : "local copy caught up with the cluster");

@@ -130,6 +130,7 @@ describe("local copy deferred append (appendSoon)", () => {
       ["read", (c) => c.read(0, undefined)],
       ["lastBatch", (c) => c.lastBatch()],
       ["tipHash", (c) => c.tipHash()],
+      ["tip", (c) => c.tip()],
       ["batchEndingBy", (c) => c.batchEndingBy(100)],
       ["identitiesIn", (c) => c.identitiesIn(0, 100)],
       ["verify", (c) => c.verify()],
@@ -207,6 +208,32 @@ describe("multi-row inserter", () => {
       assert.equal((db.prepare("SELECT COUNT(*) AS n FROM t").get() as { n: number }).n, 0);
     } finally {
       db.close();
+    }
+  });
+});
+
+describe("local copy tip", () => {
+  it("reads the head and its hash together, also after another connection to the file rebased it (no stale base)", () => {
+    const path = join(dir, "tip.replica.sqlite");
+    const a = new LocalCopy(path);
+    const b = new LocalCopy(path);
+    try {
+      const all = records([2, 1]);
+      a.append(all);
+      assert.deepEqual(a.tip(), { head: 3, hash: all.at(-1)!.header.hash });
+      assert.equal(a.tip().head, a.head());
+      assert.equal(a.tip().hash, a.tipHash());
+      // Another process on this data dir rebuilds the copy from a later snapshot: the file now
+      // starts at seq 100. This connection cached the old base (seq 0) when it appended.
+      b.discard();
+      b.rebase(100, "h100", []);
+      assert.deepEqual(a.tip(), { head: 100, hash: "h100" }, "the base another connection wrote, not this one's cached base");
+      const more = records([2], 100, "h100");
+      b.append(more);
+      assert.deepEqual(a.tip(), { head: 102, hash: more[0]!.header.hash });
+    } finally {
+      a.close();
+      b.close();
     }
   });
 });
