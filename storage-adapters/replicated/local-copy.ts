@@ -369,18 +369,23 @@ export class LocalCopy {
    */
   read(afterSeq: number, limit: number | undefined): LogEvent[] {
     this.flush();
-    const base = this.base().seq;
-    if (afterSeq < base && (limit === undefined || limit > 0)) {
-      throw new StorageRejected(
-        "compacted",
-        `events up to seq ${base} were dropped from the cluster after a snapshot and this machine's copy was rebuilt without them; read from seq ${base} on, starting from latestSnapshot() (the full history is in the copy of a machine that kept up, or in an archive).`,
-      );
-    }
-    const rows = (
-      limit === undefined
-        ? this.db.prepare("SELECT seq, json FROM events WHERE seq > ? ORDER BY seq").all(afterSeq)
-        : this.db.prepare("SELECT seq, json FROM events WHERE seq > ? ORDER BY seq LIMIT ?").all(afterSeq, limit)
-    ) as { seq: number; json: string }[];
+    // The base and the rows in one read transaction, the base read again: another connection to the
+    // file may have rebuilt it from a later snapshot, and a read must then be refused, not return a gap.
+    const rows = this.db.transaction(() => {
+      this.rereadBase();
+      const base = this.base().seq;
+      if (afterSeq < base && (limit === undefined || limit > 0)) {
+        throw new StorageRejected(
+          "compacted",
+          `events up to seq ${base} were dropped from the cluster after a snapshot and this machine's copy was rebuilt without them; read from seq ${base} on, starting from latestSnapshot() (the full history is in the copy of a machine that kept up, or in an archive).`,
+        );
+      }
+      return (
+        limit === undefined
+          ? this.db.prepare("SELECT seq, json FROM events WHERE seq > ? ORDER BY seq").all(afterSeq)
+          : this.db.prepare("SELECT seq, json FROM events WHERE seq > ? ORDER BY seq LIMIT ?").all(afterSeq, limit)
+      ) as { seq: number; json: string }[];
+    })();
     return rows.map((r) => decodeOwnJson(r.seq, r.json));
   }
 

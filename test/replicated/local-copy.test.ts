@@ -227,10 +227,14 @@ describe("local copy tip", () => {
       // starts at seq 100. This connection cached the old base (seq 0) when it appended.
       b.discard();
       b.rebase(100, "h100", []);
+      // A read before the new base is refused as compacted, not answered with a gap (this
+      // connection still had the old base cached).
+      assert.throws(() => a.read(0, undefined), (err: Error) => /dropped from the cluster after a snapshot/.test(err.message));
       assert.deepEqual(a.tip(), { head: 100, hash: "h100" }, "the base another connection wrote, not this one's cached base");
       const more = records([2], 100, "h100");
       b.append(more);
       assert.deepEqual(a.tip(), { head: 102, hash: more[0]!.header.hash });
+      assert.deepEqual(a.read(100, undefined).map((e) => e.seq), [101, 102]);
     } finally {
       a.close();
       b.close();
