@@ -5,7 +5,8 @@
  *
  * - floor of one round = three raw durable commits of the same adapter (sqlite: a fsynced INSERT
  *   transaction on a WAL/synchronous=FULL file; replicated: a guarded etcd transaction of the same
- *   shape as a commit) plus a plain asynchronous spawn of `true` to its exit;
+ *   shape as a commit, on the transport the adapter's commits use, txn-wire.ts) plus a plain
+ *   asynchronous spawn of `true` to its exit;
  * - for 1, 8 and 64 sessions in one process: ms per round (one session's wall time / its rounds),
  *   rounds/s in total, commits per round, harness CPU per round (process.cpuUsage(): this process
  *   only; etcd runs in its own processes; the cell launcher's forks are its own too), and the
@@ -14,7 +15,7 @@
  *   unmeasured warm-up runs per adapter (CAIRN_BENCH_WARMUP rounds of one session, default 1000,
  *   then a tenth of that with 8 sessions, and floor rounds); beside the harness
  *   CPU, the floor's own CPU per round in this process (the client side of its three raw commits and
- *   of its spawn: on replicated, mostly the etcd client library, which the harness pays too);
+ *   of its spawn: on replicated, mostly the etcd client, which the harness pays too);
  * - for the same runs, the whole machine's CPU per round from /proc (Linux): this process, the cells
  *   (the cell launcher with what it reaped; the floor's spawned `true`), etcd's members, the rest,
  *   the total, and the rounds/s that total allows on the machine's cores;
@@ -36,7 +37,6 @@ import { promisify } from "node:util";
 import { performance } from "node:perf_hooks";
 import { pathToFileURL } from "node:url";
 import BetterSqlite3 from "better-sqlite3";
-import { Etcd3 } from "etcd3";
 import { Harness } from "../src/harness/harness.js";
 import { event, identity, turnId, type LogEvent, type NewEvent } from "../src/state/events.js";
 import { Reducer } from "../src/state/reducer.js";
@@ -45,6 +45,8 @@ import type { Storage } from "../src/storage/contract.js";
 import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
+import { TxnWire } from "../storage-adapters/replicated/txn-wire.js";
+import { absent, put, valueIs } from "../storage-adapters/replicated/ops.js";
 import { tagBatches } from "../chaos/support/tagging.js";
 import { parseProcStat, startCpuWindow, type CpuBreakdown } from "./stats.js";
 import { clockTicksPerSecond } from "./idle.js";
@@ -87,7 +89,9 @@ function sqliteBackend(dir: string): Backend {
 }
 
 function replicatedBackend(cluster: DevCluster): Backend {
-  const raw = new Etcd3({ hosts: [...cluster.endpoints] });
+  // The floor's raw transactions go on the transport the adapter's commits use (txn-wire.ts), so the
+  // ratio compares the harness with the same client, not with the heavier etcd3 library.
+  const wire = new TxnWire(cluster.endpoints[0]!, undefined, 64 * 1024 * 1024);
   const heads = new Map<number, number>();
   const value = "r".repeat(420);
   return {
@@ -95,21 +99,21 @@ function replicatedBackend(cluster: DevCluster): Backend {
     storage: (dataDir) => createReplicatedStorage({ endpoints: cluster.endpoints, dataDir }),
     rawCommit: async (loop) => {
       const head = heads.get(loop) ?? 0;
-      if (head === 0) {
-        await raw.put(`bench/floor/${loop}/epoch`).value("1");
-        await raw.put(`bench/floor/${loop}/head`).value("0");
-      }
-      const id = `bench/floor/${loop}/ident/${head + 1}`;
-      const res = await raw
-        .if(`bench/floor/${loop}/epoch`, "Value", "==", "1")
-        .and(`bench/floor/${loop}/head`, "Value", "==", String(head))
-        .and(id, "Create", "==", 0)
-        .then(raw.put(`bench/floor/${loop}/log/${String(head + 1).padStart(16, "0")}`).value(value), raw.put(id).value(String(head + 1)), raw.put(`bench/floor/${loop}/head`).value(String(head + 1)))
-        .commit();
+      const k = (s: string): string => `bench/floor/${loop}/${s}`;
+      if (head === 0) await wire.txn({ compare: [], success: [put(k("epoch"), "1"), put(k("head"), "0")], failure: [] }, 5000);
+      const id = k(`ident/${head + 1}`);
+      const res = await wire.txn(
+        {
+          compare: [valueIs(k("epoch"), "1"), valueIs(k("head"), String(head)), absent(id)],
+          success: [put(k(`log/${String(head + 1).padStart(16, "0")}`), value), put(id, String(head + 1)), put(k("head"), String(head + 1))],
+          failure: [],
+        },
+        5000,
+      );
       if (!res.succeeded) throw new Error("floor txn guard failed");
       heads.set(loop, head + 1);
     },
-    close: async () => raw.close(),
+    close: async () => wire.close(),
   };
 }
 
