@@ -67,7 +67,12 @@ export class TxnWire {
   /** Sends one Txn; resolves with etcd's answer or rejects with an etcd3 error class (see the file comment). */
   txn(req: TxnRequest, timeoutMs: number): Promise<ITxnResponse> {
     if (this.closed) return Promise.reject(new ClientClosedError("KV"));
-    const body = encodeTxnRequest(req);
+    let body: Buffer;
+    try {
+      body = encodeTxnRequest(req);
+    } catch (err) {
+      return Promise.reject(err as Error);
+    }
     return new Promise<ITxnResponse>((resolve, reject) => {
       let session: ClientHttp2Session;
       let stream: ClientHttp2Stream;
@@ -210,7 +215,8 @@ function unframe(buf: Buffer): Buffer {
 const COMPARE_RESULT: Record<string, number> = { Equal: 0, Greater: 1, Less: 2, NotEqual: 3 };
 const COMPARE_TARGET: Record<string, number> = { Version: 0, Create: 1, Mod: 2, Value: 3, Lease: 4 };
 
-function varintSize(n: number): number {
+function varintSize(n: number | bigint): number {
+  if (typeof n === "bigint") return n < 128n ? 1 : 1 + varintSize(n >> 7n);
   let size = 1;
   while (n >= 128) {
     n = Math.floor(n / 128);
@@ -219,10 +225,22 @@ function varintSize(n: number): number {
   return size;
 }
 
-/** int64 fields as etcd3 takes them: a number or a decimal string. Negative values are refused (none is sent). */
-function int64(v: string | number | undefined, what: string): number {
-  const n = typeof v === "string" ? Number(v) : (v ?? 0);
-  if (!Number.isSafeInteger(n) || n < 0) throw new TypeError(`${what} must be a non-negative integer, got ${String(v)}`);
+const MAX_UINT64 = 2n ** 64n - 1n;
+
+/**
+ * int64 fields as etcd3 takes them: a number or a decimal string. Exact over 64 bits (etcd's lease
+ * ids are random and above 2^53: a decimal string then, as etcd3 gives them). Negative values are
+ * refused (the adapter sends none).
+ */
+function int64(v: string | number | undefined, what: string): number | bigint {
+  if (typeof v === "string" && /^\d+$/.test(v)) {
+    if (v.length <= 15) return Number(v);
+    const big = BigInt(v);
+    if (big > MAX_UINT64) throw new TypeError(`${what} must fit in 64 bits, got ${v}`);
+    return big <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(big) : big;
+  }
+  const n = v ?? 0;
+  if (typeof n !== "number" || !Number.isSafeInteger(n) || n < 0) throw new TypeError(`${what} must be a non-negative integer, got ${String(v)}`);
   return n;
 }
 
@@ -234,7 +252,7 @@ function enumOf(table: Record<string, number>, v: string | number | undefined, w
 }
 
 /** A message as a list of fields, sized before it is written into one buffer. */
-type Field = { readonly no: number; readonly varint: number } | { readonly no: number; readonly bytes: Buffer } | { readonly no: number; readonly msg: Message };
+type Field = { readonly no: number; readonly varint: number | bigint } | { readonly no: number; readonly bytes: Buffer } | { readonly no: number; readonly msg: Message };
 interface Message {
   readonly fields: Field[];
   size: number;
@@ -344,7 +362,15 @@ export function encodeTxnRequest(req: TxnRequest): Buffer {
   return out;
 }
 
-function writeVarint(out: Buffer, at: number, n: number): number {
+function writeVarint(out: Buffer, at: number, n: number | bigint): number {
+  if (typeof n === "bigint") {
+    while (n >= 128n) {
+      out[at++] = Number(n & 127n) | 128;
+      n >>= 7n;
+    }
+    out[at++] = Number(n);
+    return at;
+  }
   while (n >= 128) {
     out[at++] = (n % 128) | 128;
     n = Math.floor(n / 128);
@@ -405,7 +431,7 @@ class Reader {
     throw new Error("a varint is longer than 10 bytes");
   }
 
-  /** An unsigned varint as a decimal string, exact over all 64 bits (etcd's cluster and member ids). */
+  /** An unsigned varint as a decimal string, exact over all 64 bits (etcd's ids and leases; revisions alike). */
   uvarintString(): string {
     const start = this.at;
     const n = this.varint();
@@ -447,8 +473,8 @@ function decodeHeader(r: Reader): ITxnResponse["header"] {
     if (type !== 0) r.skip(type);
     else if (no === 1) h.cluster_id = r.uvarintString();
     else if (no === 2) h.member_id = r.uvarintString();
-    else if (no === 3) h.revision = String(r.varint());
-    else if (no === 4) h.raft_term = String(r.varint());
+    else if (no === 3) h.revision = r.uvarintString();
+    else if (no === 4) h.raft_term = r.uvarintString();
     else r.skip(type);
   }
   return h;
@@ -461,10 +487,10 @@ function decodeKeyValue(r: Reader): IKeyValue {
     if (no === 1 && type === 2) kv.key = Buffer.from(r.bytes());
     else if (no === 5 && type === 2) kv.value = Buffer.from(r.bytes());
     else if (type !== 0) r.skip(type);
-    else if (no === 2) kv.create_revision = String(r.varint());
-    else if (no === 3) kv.mod_revision = String(r.varint());
-    else if (no === 4) kv.version = String(r.varint());
-    else if (no === 6) kv.lease = String(r.varint());
+    else if (no === 2) kv.create_revision = r.uvarintString();
+    else if (no === 3) kv.mod_revision = r.uvarintString();
+    else if (no === 4) kv.version = r.uvarintString();
+    else if (no === 6) kv.lease = r.uvarintString();
     else r.skip(type);
   }
   return kv as IKeyValue;
@@ -486,7 +512,7 @@ function decodeResponseOp(r: Reader): IResponseOp {
         if (f.no === 1 && f.type === 2) rr.header = decodeHeader(m.sub());
         else if (f.no === 2 && f.type === 2) rr.kvs.push(decodeKeyValue(m.sub()));
         else if (f.no === 3 && f.type === 0) rr.more = m.varint() !== 0;
-        else if (f.no === 4 && f.type === 0) rr.count = String(m.varint());
+        else if (f.no === 4 && f.type === 0) rr.count = m.uvarintString();
         else m.skip(f.type);
       }
       op = { response_range: rr };
@@ -503,7 +529,7 @@ function decodeResponseOp(r: Reader): IResponseOp {
       while (!m.done()) {
         const f = m.tag();
         if (f.no === 1 && f.type === 2) dr.header = decodeHeader(m.sub());
-        else if (f.no === 2 && f.type === 0) dr.deleted = String(m.varint());
+        else if (f.no === 2 && f.type === 0) dr.deleted = m.uvarintString();
         else if (f.no === 3 && f.type === 2) dr.prev_kvs.push(decodeKeyValue(m.sub()));
         else m.skip(f.type);
       }

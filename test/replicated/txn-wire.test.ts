@@ -36,16 +36,18 @@ const plain = (v: unknown): unknown => JSON.parse(JSON.stringify(v, (_k, x: unkn
 const key = fc.uint8Array({ minLength: 1, maxLength: 40 }).map((a) => Buffer.from(a));
 const bytes = fc.uint8Array({ maxLength: 300 }).map((a) => Buffer.from(a));
 const rev = fc.oneof(fc.constant(0), fc.integer({ min: 1, max: 2 ** 31 }), fc.maxSafeInteger().filter((n) => n >= 0));
+/** etcd's lease ids: random int64s, mostly above 2^53 (etcd3 hands them out as decimal strings). */
+const leaseId = fc.oneof(rev.map(String), fc.bigInt({ min: 2n ** 53n, max: 2n ** 63n - 1n }).map(String));
 const compareArb: fc.Arbitrary<ICompare> = fc.oneof(
   fc.tuple(key, bytes).map(([k, v]) => ({ key: k, target: "Value" as const, result: "Equal" as const, value: v })),
   fc.tuple(key, rev, fc.constantFrom("Equal", "Greater", "Less", "NotEqual" as const)).map(([k, r, result]) => ({ key: k, target: "Create" as const, result, create_revision: r })),
   fc.tuple(key, rev).map(([k, r]) => ({ key: k, target: "Mod" as const, result: "Equal" as const, mod_revision: String(r) })),
   fc.tuple(key, rev).map(([k, r]) => ({ key: k, target: "Version" as const, result: "Less" as const, version: r })),
-  fc.tuple(key, rev, key).map(([k, r, end]) => ({ key: k, target: "Lease" as const, result: "NotEqual" as const, lease: r, range_end: end })),
+  fc.tuple(key, leaseId, key).map(([k, r, end]) => ({ key: k, target: "Lease" as const, result: "NotEqual" as const, lease: r, range_end: end })),
 );
 const opArb: fc.Arbitrary<IRequestOp> = fc.oneof(
   fc.tuple(key, bytes).map(([k, v]) => ({ request_put: { key: k, value: v } })),
-  fc.tuple(key, bytes, rev).map(([k, v, l]) => ({ request_put: { key: k, value: v, lease: String(l) } })),
+  fc.tuple(key, bytes, leaseId).map(([k, v, l]) => ({ request_put: { key: k, value: v, lease: l } })),
   fc.tuple(key, key, fc.integer({ min: 0, max: 10_000 }), fc.boolean(), fc.boolean()).map(([k, end, limit, keysOnly, countOnly]) => ({
     request_range: { key: k, range_end: end, limit, keys_only: keysOnly, count_only: countOnly },
   })),
@@ -87,12 +89,13 @@ describe("txn-wire encoding", () => {
     assert.throws(() => encodeTxnRequest({ compare: [], success: [{ request_range: { key: Buffer.from("k"), sort_order: "Descend" } }], failure: [] }), /sort order/);
     assert.throws(() => encodeTxnRequest({ compare: [], success: [{}], failure: [] }), /exactly one request/);
     assert.throws(() => encodeTxnRequest({ compare: [{ key: Buffer.from("k"), target: "Create", result: "Equal", create_revision: -1 }], success: [], failure: [] }), /non-negative/);
+    assert.throws(() => encodeTxnRequest({ compare: [], success: [{ request_put: { key: Buffer.from("k"), lease: "18446744073709551616" } }], failure: [] }), /64 bits/);
   });
 
   it("decodes every TxnResponse as the etcd3 client does (property; 64-bit member ids exact)", () => {
     const u64 = fc.bigInt({ min: 0n, max: 2n ** 64n - 1n }).map(String);
     const header = fc.record({ cluster_id: u64, member_id: u64, revision: rev.map(String), raft_term: rev.map(String) });
-    const kv = fc.record({ key, create_revision: rev.map(String), mod_revision: rev.map(String), version: rev.map(String), value: bytes, lease: rev.map(String) });
+    const kv = fc.record({ key, create_revision: rev.map(String), mod_revision: rev.map(String), version: rev.map(String), value: bytes, lease: leaseId });
     const op = fc.oneof(
       fc.record({ header, kvs: fc.array(kv, { maxLength: 4 }), more: fc.boolean(), count: rev.map(String) }).map((r) => ({ response_range: r })),
       header.map((h) => ({ response_put: { header: h } })),
@@ -253,6 +256,13 @@ describe("txn-wire on a real cluster", () => {
       if (!answered) await new Promise((r) => setTimeout(r, 200));
     }
     assert.ok(answered, "the wire reconnected after the restart");
+  });
+
+  it("a request it cannot encode is a rejected promise, never a synchronous throw, and nothing is sent", async () => {
+    const w = wire(dc.cluster.endpoints[0]!);
+    const p = w.txn({ compare: [], success: [{ request_txn: { compare: [], success: [], failure: [] } }], failure: [] }, 2000);
+    await assert.rejects(p, /nested txn/);
+    assert.equal(w.sent, 0);
   });
 
   it("after close, calls are refused as closed and nothing is sent", async () => {
