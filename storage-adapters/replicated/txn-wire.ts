@@ -16,8 +16,9 @@
  * Errors are the etcd3 client's error classes (its `castGrpcError` of a gRPC status), so
  * `etcd-errors.ts` classifies them as before. Anything that loses the stream or the connection
  * (refused, reset, GOAWAY, no answer within the deadline) is UNAVAILABLE or DEADLINE_EXCEEDED: an
- * outage, which the commit pipeline treats as "may have applied" and resolves by reading back. A
- * deadline also drops the connection, so a silent member's socket is not used again.
+ * outage, which the commit pipeline treats as "may have applied" and resolves by reading back. After
+ * a deadline the connection is probed with a PING and dropped if that goes unanswered within 1 s,
+ * so a silent member's socket is not used again, while a slow request costs only itself.
  *
  * Not used with etcd authentication (the client's token handling stays in etcd3): see `index.ts`.
  */
@@ -41,6 +42,8 @@ const TXN_PATH = "/etcdserverpb.KV/Txn";
 const STATUS_NAMES = ["OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"];
 const UNAVAILABLE = 14;
 const DEADLINE_EXCEEDED = 4;
+/** How long a connection's PING may go unanswered after a request timed out before the connection is dropped. */
+const PROBE_MS = 1000;
 
 /** An error as grpc-js reports a status (`code`, "CODE NAME: details"), cast to the etcd3 client's class. */
 export function grpcError(code: number, details: string): Error {
@@ -53,9 +56,12 @@ export function grpcError(code: number, details: string): Error {
 /** One member's connection for Txn calls. Reconnects on the next call after any connection loss. */
 export class TxnWire {
   private session: ClientHttp2Session | null = null;
+  /** Connections whose PING after an unanswered request is outstanding. */
+  private readonly probing = new WeakSet<ClientHttp2Session>();
   private inflight = 0;
-  /** Transactions sent (tests, stats). */
+  /** Transactions sent, and connections opened (tests, stats). */
   sent = 0;
+  connects = 0;
   private closed = false;
 
   constructor(
@@ -110,10 +116,10 @@ export class TxnWire {
         else resolve(res!);
       };
       const timer = setTimeout(() => {
-        // No answer: a silent member keeps its socket open, so the connection goes with the request.
         finish(grpcError(DEADLINE_EXCEEDED, `no answer from ${this.url} within ${timeoutMs} ms`));
         stream.close(http2.constants.NGHTTP2_CANCEL);
-        this.drop(session);
+        // A silent member keeps its socket open: find out whether the connection still answers.
+        this.probe(session);
       }, timeoutMs);
       const statusFrom = (headers: http2.IncomingHttpHeaders): void => {
         const s = headers["grpc-status"];
@@ -138,8 +144,14 @@ export class TxnWire {
         chunks.push(chunk);
       });
       stream.on("error", (err) => finish(grpcError(UNAVAILABLE, `the stream to ${this.url} failed: ${err.message}`)));
-      stream.on("close", () => {
+      // Settled when the answer has ended ('end': etcd's status and message are in), not only at
+      // 'close': a peer that answers early and stops reading a body still being sent must not cost
+      // the deadline. Or at 'close', when the stream was lost first.
+      const conclude = (): void => {
         if (settled) return;
+        // Our body still unsent (the peer answered early): abandon it. Not after a normal exchange,
+        // where the stream closes by itself and a reset would cost a write.
+        if (!stream.closed && !stream.writableFinished) stream.close(http2.constants.NGHTTP2_CANCEL);
         if (status === null) {
           if (httpStatus !== null && httpStatus !== 200) {
             const code = [429, 502, 503, 504].includes(httpStatus) ? UNAVAILABLE : 2;
@@ -158,7 +170,9 @@ export class TxnWire {
         } catch (err) {
           finish(grpcError(13, `cannot decode the Txn response from ${this.url}: ${(err as Error).message}`));
         }
-      });
+      };
+      stream.on("end", conclude);
+      stream.on("close", conclude);
       stream.end(body);
     });
   }
@@ -167,6 +181,28 @@ export class TxnWire {
   close(): void {
     this.closed = true;
     this.drop(this.session);
+  }
+
+  /**
+   * After a request went unanswered: is the member silent (frozen, cut off: drop the connection, as
+   * gRPC keepalive would) or only slow with that request (keep the connection and the other requests
+   * in flight on it)? An HTTP/2 PING unanswered within PROBE_MS says silent.
+   */
+  private probe(session: ClientHttp2Session): void {
+    if (session.destroyed || this.probing.has(session)) return;
+    this.probing.add(session);
+    const done = (silent: boolean): void => {
+      clearTimeout(timer);
+      this.probing.delete(session);
+      if (silent) this.drop(session);
+    };
+    const timer = setTimeout(() => done(true), PROBE_MS);
+    timer.unref();
+    try {
+      if (!session.ping((err) => done(err !== null))) done(true);
+    } catch {
+      done(true);
+    }
   }
 
   private connect(): ClientHttp2Session {
@@ -183,6 +219,7 @@ export class TxnWire {
     session.on("close", () => this.drop(session));
     session.unref();
     this.session = session;
+    this.connects++;
     return session;
   }
 

@@ -224,6 +224,8 @@ describe("txn-wire on a real cluster", () => {
       assert.equal(classifyEtcdError(err), "outage", String(err));
       assert.match(String(err), /DEADLINE_EXCEEDED/);
       assert.ok(took >= 290 && took < 3000, `answered by the deadline: ${took} ms`);
+      // Its PING goes unanswered too: the connection is dropped within a second (not reused).
+      await new Promise((r) => setTimeout(r, 1500));
     } finally {
       dc.cluster.signal(2, "SIGCONT");
     }
@@ -237,6 +239,7 @@ describe("txn-wire on a real cluster", () => {
       if (!answered) await new Promise((r) => setTimeout(r, 200));
     }
     assert.ok(answered, "the wire reconnected after the member came back");
+    assert.ok(w.connects >= 2, `a new connection after the silent one was dropped (${w.connects} opened)`);
   });
 
   it("a killed member is an outage; after its restart the same wire is answered again", async () => {
