@@ -57,11 +57,24 @@ export function channelOptions(maxReceiveBytes: number): Record<string, unknown>
   };
 }
 
+/** The longest pause between a watch stream's reconnects. */
+const WATCH_BACKOFF_MAX_MS = 1000;
+
+/**
+ * Watch reconnects: 100 ms, doubling, at most WATCH_BACKOFF_MAX_MS. The library's default grows to
+ * 30 s, in timers that keep the process alive and that closing the client does not clear: after a
+ * quorum loss a process that had closed its storage lingered for tens of seconds (found by the
+ * txn-wire review, test/replicated/txn-wire-review.test.ts).
+ */
+function watchBackoff(delay = 100): { duration: number; next(): ReturnType<typeof watchBackoff> } {
+  return { duration: delay, next: () => watchBackoff(Math.min(delay * 2, WATCH_BACKOFF_MAX_MS)) };
+}
+
 /** The client options shared by every member client (credentials, TLS, channel options, no library retries). */
 export function memberClientOptions(base: Omit<IOptions, "hosts">): Omit<IOptions, "hosts"> {
   return {
     ...base,
-    faultHandling: { host: () => once as never, global: once as never },
+    faultHandling: { host: () => once as never, global: once as never, watchBackoff: watchBackoff() as never },
   };
 }
 
