@@ -58,7 +58,8 @@ export class TxnWire {
   private session: ClientHttp2Session | null = null;
   /** Connections whose PING after an unanswered request is outstanding. */
   private readonly probing = new WeakSet<ClientHttp2Session>();
-  private inflight = 0;
+  /** Requests in flight per connection: a connection keeps the process alive exactly while it has some. */
+  private readonly inflight = new WeakMap<ClientHttp2Session, number>();
   /** Transactions sent, and connections opened (tests, stats). */
   sent = 0;
   connects = 0;
@@ -98,8 +99,9 @@ export class TxnWire {
         return;
       }
       this.sent++;
-      this.inflight++;
-      if (this.inflight === 1) session.ref();
+      const pending = (this.inflight.get(session) ?? 0) + 1;
+      this.inflight.set(session, pending);
+      if (pending === 1) session.ref();
       const chunks: Buffer[] = [];
       let received = 0;
       let status: number | null = null;
@@ -110,8 +112,9 @@ export class TxnWire {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
-        this.inflight--;
-        if (this.inflight === 0 && this.session === session) session.unref();
+        const left = (this.inflight.get(session) ?? 1) - 1;
+        this.inflight.set(session, left);
+        if (left === 0 && !session.destroyed) session.unref();
         if (err !== null) reject(err);
         else resolve(res!);
       };
