@@ -11,9 +11,12 @@
  *   rounds/s in total, commits per round, harness CPU per round (process.cpuUsage(): this process
  *   only; etcd runs in its own processes; the cell launcher's forks are its own too), and the
  *   ratios to the floor, and of each CPU figure the main thread's share (/proc: the rest is V8's
- *   helper threads, TurboFan compiling functions that just became hot, and the GC); after
- *   unmeasured warm-up runs per adapter (CAIRN_BENCH_WARMUP rounds of one session, default 1000,
- *   then a tenth of that with 8 sessions, and floor rounds); beside the harness
+ *   helper threads, TurboFan compiling functions that just became hot, and the GC); each run is
+ *   a new session (or 8, or 64) of one owner, a Harness open through the whole section as a
+ *   worker holds its database, after unmeasured warm-up sessions of that owner
+ *   (CAIRN_BENCH_WARMUP rounds of one session, default 3000, then a tenth of that with 8
+ *   sessions, and floor rounds); then, apart, one session's first rounds in a Harness opened
+ *   just before ("after open": the JIT's transient for a new instance); beside the harness
  *   CPU, the floor's own CPU per round in this process (the client side of its three raw commits and
  *   of its spawn: on replicated, mostly the etcd client, which the harness pays too);
  * - for the same runs, the whole machine's CPU per round from /proc (Linux): this process, the cells
@@ -27,7 +30,7 @@
  * Run: node --import tsx bench/rounds.ts [rounds=100]. Env: CAIRN_BENCH_RESUME_SIZES (comma list,
  * default 10000,100000,1000000), CAIRN_BENCH_ADAPTERS (default sqlite,replicated),
  * CAIRN_BENCH_SESSIONS (default 1,8,64; empty skips the rounds), CAIRN_BENCH_RESUME_SHAPES (default
- * output,rounds), CAIRN_BENCH_WARMUP (default 1000). Prints numbers; asserts nothing.
+ * output,rounds), CAIRN_BENCH_WARMUP (default 3000). Prints numbers; asserts nothing.
  */
 import { spawn, execFile } from "node:child_process";
 import { mkdtempSync, mkdirSync, readFileSync, rmSync } from "node:fs";
@@ -161,31 +164,56 @@ async function floor(backend: Backend, sessions: number, rounds: number): Promis
   return { msPerRound: ms / rounds, roundsPerSecond: (total * 1000) / ms, commitsPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total };
 }
 
-/** `sessions` runs of `rounds` rounds each, in one Harness. */
-async function harnessRounds(backend: Backend, dir: string, sessions: number, rounds: number, tag = String(sessions)): Promise<RoundStats> {
+/**
+ * An owner: one Harness on one database, open for a whole section, as a worker holds the database it
+ * serves; each measured run is a new session (or 8, or 64 at once) of this owner. The model is a
+ * LoopModel of the length the current run asks for (runs never overlap).
+ */
+interface Owner {
+  /** `sessions` runs of `rounds` rounds each, started at once, measured from their start to their end. */
+  run(sessions: number, rounds: number): Promise<RoundStats>;
+  close(): Promise<void>;
+}
+
+async function openOwner(backend: Backend, dir: string, tag: string): Promise<Owner> {
   let commits = 0;
   const storage = tagBatches(backend.storage(join(dir, `data-${tag}`)), () => commits++);
   const cwd = join(dir, "cwd");
   mkdirSync(cwd, { recursive: true });
-  const h = await Harness.open({ storage, name: `rounds-${tag}`, model: new LoopModel(rounds), workDir: join(dir, "work") });
+  let model = new LoopModel(0);
+  let h: Harness;
   try {
-    const window = startCpuWindow(await hz());
-    const main0 = mainThreadTicks();
-    const cpu0 = process.cpuUsage();
-    const t0 = performance.now();
-    const ids = await Promise.all(Array.from({ length: sessions }, () => h.start({ goal: "loop", cwd, budgets: { max_rounds: rounds + 5 } })));
-    const outcomes = await Promise.all(ids.map((id) => h.wait(id)));
-    const ms = performance.now() - t0;
-    const cpu = process.cpuUsage(cpu0);
-    const main = ((mainThreadTicks() - main0) * 1000) / (await hz());
-    const machine = window();
-    for (const o of outcomes) if (o.result !== "success") throw new Error(`bench run ${o.session} ended ${o.result}: ${o.reason}`);
-    const total = sessions * (rounds + 1);
-    return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: commits / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total };
-  } finally {
-    await h.close();
+    h = await Harness.open({ storage, name: `rounds-${tag}`, model: { name: "loop", step: (req) => model.step(req) }, workDir: join(dir, "work") });
+  } catch (err) {
     await storage.close();
+    throw err;
   }
+  return {
+    async run(sessions, rounds) {
+      model = new LoopModel(rounds);
+      const commits0 = commits;
+      const window = startCpuWindow(await hz());
+      const main0 = mainThreadTicks();
+      const cpu0 = process.cpuUsage();
+      const t0 = performance.now();
+      const ids = await Promise.all(Array.from({ length: sessions }, () => h.start({ goal: "loop", cwd, budgets: { max_rounds: rounds + 5 } })));
+      const outcomes = await Promise.all(ids.map((id) => h.wait(id)));
+      const ms = performance.now() - t0;
+      const cpu = process.cpuUsage(cpu0);
+      const main = ((mainThreadTicks() - main0) * 1000) / (await hz());
+      const machine = window();
+      for (const o of outcomes) if (o.result !== "success") throw new Error(`bench run ${o.session} ended ${o.result}: ${o.reason}`);
+      const total = sessions * (rounds + 1);
+      return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: (commits - commits0) / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total };
+    },
+    async close() {
+      try {
+        await h.close();
+      } finally {
+        await storage.close();
+      }
+    },
+  };
 }
 
 /** This process's main thread's CPU so far, in clock ticks (NaN without /proc). */
@@ -201,10 +229,10 @@ function mainThreadTicks(): number {
 let ticksPerSecond: Promise<number> | null = null;
 const hz = (): Promise<number> => (ticksPerSecond ??= clockTicksPerSecond().catch(() => 100));
 
-/** Rounds of the one-session warm-up run (CAIRN_BENCH_WARMUP, default 1000; 0: none). */
+/** Rounds of the one-session warm-up run (CAIRN_BENCH_WARMUP, default 3000; 0: none). */
 function warmupRounds(): number {
   const raw = process.env["CAIRN_BENCH_WARMUP"];
-  if (raw === undefined || raw === "") return 1000;
+  if (raw === undefined || raw === "") return 3000;
   const n = Number(raw);
   if (!Number.isSafeInteger(n) || n < 0) throw new Error(`CAIRN_BENCH_WARMUP must be a whole number of rounds (0 for no warm-up), got "${raw}".`);
   return n;
@@ -214,32 +242,52 @@ const fmt = (x: number, d = 2) => (Number.isFinite(x) ? x.toFixed(d) : "-");
 
 async function roundsSection(backend: Backend, dir: string, rounds: number, sessionCounts: readonly number[]): Promise<void> {
   console.log(`\n${backend.name}: ${rounds} rounds per session, one \`true\` cell per round; floor = 3 raw durable commits + spawn of \`true\``);
-  // Unmeasured runs first, as in an owner that has been running for a while: the process's cell
-  // launcher is started, and V8 has compiled the hot code. A 20-round warm-up (this bench's until
-  // December 4) left V8 compiling through the measured runs: about 1.5 ms of CPU per round more
-  // with one sqlite session on this machine, 2 to 4 ms on replicated. One session, then 8 (the
-  // grouped commit path), then the floor's own loop. 300 rounds (until December 5) was not enough
-  // either: with one replicated session, V8's --trace-opt counted 183 TurboFan compilations taking
-  // 1.4 s in the 300 rounds after a 300-round warm-up, and 88 taking 0.56 s after 1,500 (never none:
-  // about half of those are functions compiled again after a deoptimization).
+  // The measured runs are sessions of one owner (one Harness on one database, as a worker holds its
+  // database for hours or days) that has run unmeasured sessions first: its cell launcher started,
+  // V8's hot code compiled. Until December 5 (twelfth session) each measured row opened a Harness of
+  // its own after a warm-up run in another one; V8 then recompiled much of the round's code for the
+  // new instance through the measured rounds (TurboFan code specialized on the previous instance's
+  // objects is dropped with them: "weak objects" deoptimizations): about 2 to 3 ms more CPU per round
+  // with one replicated session. That transient is printed apart, below the table (`after open`).
+  // The warm-up: one session (CAIRN_BENCH_WARMUP rounds, default 3000), then 8 sessions, then the
+  // floor's own loop. A short warm-up leaves V8 compiling through the measured runs: 20 rounds (this
+  // bench's until December 4) cost about 1.5 ms of CPU per round more with one sqlite session, 2 to 4
+  // ms on replicated; after 300, V8's --trace-opt still counted 183 TurboFan compilations taking 1.4 s
+  // in the next 300 rounds. In one replicated session of one owner, TurboFan's compile time per 500
+  // rounds was 2.36 s, 0.66, 0.90, 0.31, 0.25, 0.42, 0.16, 0.09 (4,000 rounds, --trace-opt): it
+  // falls under 1 ms per round only after about 3,000 rounds.
   const warm = warmupRounds();
-  if (warm > 0) {
-    await harnessRounds(backend, dir, 1, warm, "warmup");
-    await harnessRounds(backend, dir, 8, Math.max(1, Math.floor(warm / 10)), "warmup-8");
-    await floor(backend, 1, Math.max(1, Math.floor(warm / 6)));
-  }
-  console.log(`(after unmeasured warm-up runs (CAIRN_BENCH_WARMUP=${warm}): ${warm} rounds of one session, ${Math.max(1, Math.floor(warm / 10))} rounds of 8, ${Math.max(1, Math.floor(warm / 6))} floor rounds; the cell launcher started, the hot code compiled)`);
-  console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  harness CPU ms/round  floor CPU ms/round  main thread: harness  floor");
+  const owner = await openOwner(backend, dir, "owner");
   const machineRows: string[] = [];
   let cores = 0;
-  for (const sessions of sessionCounts) {
-    const f = await floor(backend, sessions, sessions >= 64 ? Math.max(10, Math.floor(rounds / 4)) : rounds);
-    const h = await harnessRounds(backend, dir, sessions, rounds);
-    console.log(
-      `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)}`,
-    );
-    machineRows.push(machineRow(sessions, "harness", h), machineRow(sessions, "floor", f));
-    cores = h.machine?.cores ?? cores;
+  try {
+    if (warm > 0) {
+      await owner.run(1, warm);
+      await owner.run(8, Math.max(1, Math.floor(warm / 10)));
+      await floor(backend, 1, Math.max(1, Math.floor(warm / 6)));
+    }
+    console.log(`(one owner, one Harness open through the section: unmeasured warm-up sessions first (CAIRN_BENCH_WARMUP=${warm}): ${warm} rounds of one session, ${Math.max(1, Math.floor(warm / 10))} rounds of 8, ${Math.max(1, Math.floor(warm / 6))} floor rounds; the cell launcher started, the hot code compiled)`);
+    console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  harness CPU ms/round  floor CPU ms/round  main thread: harness  floor");
+    for (const sessions of sessionCounts) {
+      const f = await floor(backend, sessions, sessions >= 64 ? Math.max(10, Math.floor(rounds / 4)) : rounds);
+      const h = await owner.run(sessions, rounds);
+      console.log(
+        `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)}`,
+      );
+      machineRows.push(machineRow(sessions, "harness", h), machineRow(sessions, "floor", f));
+      cores = h.machine?.cores ?? cores;
+    }
+  } finally {
+    await owner.close();
+  }
+  // The same process, warm, with a Harness opened just before: what a run pays right after its owner
+  // opened the database (JIT recompilation for the new instance), as every row measured until December 5.
+  const fresh = await openOwner(backend, dir, "after-open");
+  try {
+    const h = await fresh.run(1, rounds);
+    console.log(`after open: one session's first ${rounds} rounds in a Harness opened just before (this process warm): ${fmt(h.msPerRound)} ms/round, harness CPU ${fmt(h.cpuMsPerRound)} ms/round (main thread ${fmt(h.mainCpuMsPerRound)})`);
+  } finally {
+    await fresh.close();
   }
   if (machineRows.some((r) => r !== "")) {
     console.log(`\nthe whole machine's CPU per round (ms, from /proc, in the same runs): this process; the cells (the cell launcher with the gates and cells it reaped, or the floor's spawned \`true\`); etcd (all members); the rest of the machine; the total; and the rounds/s that total allows on all ${cores} cores`);
