@@ -11,7 +11,7 @@
 import type { NewEvent } from "../state/events.js";
 import { event, identity } from "../state/events.js";
 import type { NextStep } from "../state/next-step.js";
-import { nextStep } from "../state/next-step.js";
+import { nextStep, unfinished } from "../state/next-step.js";
 import type { SessionProjection } from "../state/projection.js";
 import { isExecutable, type Cell } from "../state/schema.js";
 import type { HarnessCore } from "./core.js";
@@ -102,7 +102,7 @@ export class SessionDriver implements SessionContext {
     // running before it. Were another step to come first after all, it discards the gate.
     const first = cells.find(isExecutable);
     if (first === undefined || this.executions.busy) return;
-    for (const ex of this.session().executions.values()) if (ex.phase === "queued") return;
+    for (const ex of unfinished(this.session())) if (ex.phase === "queued") return;
     this.executions.prepareEarly(first);
   }
 

@@ -24,6 +24,7 @@
  * Pure: no I/O, no clock.
  */
 import { observationId } from "./events.js";
+import { deleteCell, deleteExecution } from "./live-index.js";
 import type { ControlRecord, ExecutionRecord, TurnRecord, ValidatorRecord } from "./projection.js";
 import { isUnresolvedUnknown } from "./projection.js";
 import type { Cell, Observation, State } from "./schema.js";
@@ -80,8 +81,8 @@ export function dropHistory(s: HistoryParts, keep: number = HISTORY_KEEP): numbe
       return s.consumed.has(oid) || !s.observations.has(oid);
     });
     for (const id of gone) {
-      s.executions.delete(id);
-      s.cells.delete(id); // out of context, and no control note waits on it
+      deleteExecution(s.executions, id);
+      deleteCell(s.cells, id); // out of context, and no control note waits on it
       const oid = observationId.execution(id);
       if (!s.observations.has(oid)) s.consumed.delete(oid);
       dropped++;
@@ -95,7 +96,7 @@ export function dropHistory(s: HistoryParts, keep: number = HISTORY_KEEP): numbe
       return cell.kind !== "note" || cell.role === undefined || s.controls.has(id);
     });
     for (const id of gone) {
-      s.cells.delete(id);
+      deleteCell(s.cells, id);
       s.controls.delete(id);
       s.validators_run.delete(id);
       dropped++;

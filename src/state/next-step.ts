@@ -23,6 +23,7 @@ import { isUnresolvedUnknown } from "./projection.js";
 import { observationId, turnId } from "./events.js";
 import type { ExecutableCell, NoteCell } from "./schema.js";
 import { isExecutable } from "./schema.js";
+import { cellIndex, executionIndex } from "./live-index.js";
 
 /** The limits the decisions depend on (a subset of the harness limits). */
 export interface StepLimits {
@@ -132,6 +133,18 @@ export function dueTimers(s: SessionProjection, now: number): TimerRecord[] {
 
 /** The first accepted role note (in cell order) that no `control_handled` event answers yet. */
 export function nextControl(s: SessionProjection): { note: NoteCell; action: ControlAction } | null {
+  const index = cellIndex(s.cells);
+  if (index !== null) {
+    // Most runs have no role note waiting: say so without looking at the run's whole history.
+    let waiting = false;
+    for (const id of index.roleNotes) {
+      if (!s.controls.has(id)) {
+        waiting = true;
+        break;
+      }
+    }
+    if (!waiting) return null;
+  }
   for (const cell of s.cells.values()) {
     if (cell.kind !== "note" || cell.role === undefined || s.controls.has(cell.id)) continue;
     return { note: cell, action: cell.role === "resolution" ? "resolve" : cell.role === "cancel" ? "cancel" : "conclude" };
@@ -141,6 +154,17 @@ export function nextControl(s: SessionProjection): { note: NoteCell; action: Con
 
 /** The finished `error` or UnknownExecution whose observation no accepted patch consumed yet: the queue waits for the model to see it. */
 export function pausedBy(s: SessionProjection): ExecutionRecord | null {
+  const index = executionIndex(s.executions);
+  if (index !== null) {
+    let paused = false;
+    for (const id of index.troubled) {
+      if (!s.consumed.has(observationId.execution(id))) {
+        paused = true;
+        break;
+      }
+    }
+    if (!paused) return null;
+  }
   for (const ex of s.executions.values()) {
     if (ex.phase !== "finished") continue;
     if (ex.result !== "error" && ex.result !== "UnknownExecution") continue;
@@ -157,7 +181,7 @@ export function pausedBy(s: SessionProjection): ExecutionRecord | null {
  */
 export function nextDispatch(s: SessionProjection): { cell: ExecutableCell; execution: ExecutionRecord } | null {
   let next: ExecutionRecord | null = null;
-  for (const ex of s.executions.values()) {
+  for (const ex of unfinished(s)) {
     if (ex.phase === "started") return null;
     if (ex.phase === "queued" && (next === null || ex.queued_seq < next.queued_seq)) next = ex;
   }
@@ -165,6 +189,21 @@ export function nextDispatch(s: SessionProjection): { cell: ExecutableCell; exec
   const cell = s.cells.get(next.cell_id);
   if (cell === undefined || !isExecutable(cell)) throw new Error(`queued execution ${next.cell_id} has no executable cell`);
   return { cell, execution: next };
+}
+
+/**
+ * The session's executions that are queued or started, in map order (every execution when the map
+ * has no index: speculate.ts's overlay). Callers still check each one's phase.
+ */
+export function unfinished(s: SessionProjection): Iterable<ExecutionRecord> {
+  const index = executionIndex(s.executions);
+  if (index === null) return s.executions.values();
+  const out: ExecutionRecord[] = [];
+  for (const id of index.unfinished) {
+    const ex = s.executions.get(id);
+    if (ex !== undefined) out.push(ex);
+  }
+  return out;
 }
 
 /** The mechanical conditions a success conclusion needs, as sentences (empty: none blocks it). */
@@ -181,7 +220,7 @@ export function successBlockers(s: SessionProjection): string[] {
 /** What a session with nothing to do now waits for, and the earliest time to look again. */
 function wait(s: SessionProjection): NextStep {
   const waits: WaitFor[] = [];
-  for (const ex of s.executions.values()) if (ex.phase !== "finished") waits.push({ kind: "execution", cell_id: ex.cell_id });
+  for (const ex of unfinished(s)) if (ex.phase !== "finished") waits.push({ kind: "execution", cell_id: ex.cell_id });
   for (const t of s.timers.values()) if (!t.fired) waits.push({ kind: "timer", timer_id: t.timer_id, due: Date.parse(t.due_at) });
   const wall = wallDeadline(s);
   if (wall !== null) waits.push({ kind: "wall_budget", due: wall });

@@ -8,6 +8,7 @@
  */
 import { applyAccepted } from "./admission.js";
 import { dropHistory } from "./history.js";
+import { setCell, setExecution } from "./live-index.js";
 import type { LogEvent } from "./events.js";
 import type { ExecutionRecord, Projection, SessionProjection, TurnRecord } from "./projection.js";
 import { OUTPUT_TAIL_CHARS, queuedExecution, runtimeCellOf, updatedRuntimeCellsView, utf8Length } from "./projection.js";
@@ -202,10 +203,10 @@ export class Reducer {
         if (applied.state.revision !== b.revision) {
           throw new LogCorrupt(`patch ${e.identity} folds to revision ${applied.state.revision}, the log says ${b.revision}`);
         }
-        for (const c of applied.newCells) s.cells.set(c.id, c);
+        for (const c of applied.newCells) setCell(s.cells, c);
         // New executions get their queued_seq from their own execution_queued events; the rest of
         // the change (a resolution's target) is merged into the working map.
-        for (const [id, ex] of applied.changed) if (s.executions.has(id) || ex.phase !== "queued") s.executions.set(id, ex);
+        for (const [id, ex] of applied.changed) if (s.executions.has(id) || ex.phase !== "queued") setExecution(s.executions, id, ex);
         s.state = applied.state;
         for (const id of b.consumed) s.consumed.add(id);
         const consumedSet = new Set(b.consumed);
@@ -215,7 +216,7 @@ export class Reducer {
         return;
       }
       case "execution_queued": {
-        s.executions.set(e.body.cell_id, queuedExecution(e.body.cell_id, e.body.kind, e.seq));
+        setExecution(s.executions, e.body.cell_id, queuedExecution(e.body.cell_id, e.body.kind, e.seq));
         s.idle_streak = 0;
         refreshView(s, e.body.cell_id);
         return;
@@ -223,14 +224,14 @@ export class Reducer {
       case "execution_started": {
         const ex = executionOf(s, e.body.cell_id, e);
         const { cell_id: _cell, ...identity } = e.body;
-        s.executions.set(ex.cell_id, { ...ex, phase: "started", started: { ...identity, seq: e.seq, at: e.at } });
+        setExecution(s.executions, ex.cell_id, { ...ex, phase: "started", started: { ...identity, seq: e.seq, at: e.at } });
         refreshOne(s, ex.cell_id);
         return;
       }
       case "execution_output": {
         const ex = executionOf(s, e.body.cell_id, e);
         const tail = (ex.output_tail + e.body.data).slice(-OUTPUT_TAIL_CHARS);
-        s.executions.set(ex.cell_id, {
+        setExecution(s.executions, ex.cell_id, {
           ...ex,
           output_tail: tail,
           output_chunks: ex.output_chunks + 1,
@@ -242,7 +243,7 @@ export class Reducer {
       case "execution_finished": {
         const ex = executionOf(s, e.body.cell_id, e);
         const b = e.body;
-        s.executions.set(ex.cell_id, {
+        setExecution(s.executions, ex.cell_id, {
           ...ex,
           phase: "finished",
           result: b.result,

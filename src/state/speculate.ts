@@ -4,6 +4,7 @@
  */
 import type { NewEvent } from "./events.js";
 import type { ExecutionRecord, SessionProjection } from "./projection.js";
+import { registerOverlay } from "./live-index.js";
 
 /**
  * The session as it will be once `events` (a finished cell's `execution_finished`, its outputs and
@@ -22,7 +23,9 @@ export function speculate(s: SessionProjection, events: readonly NewEvent[]): Se
       pending.push(e.body.observation.id);
     } else if (e.kind !== "execution_output") return null;
   }
-  return { ...s, executions: overlay(s.executions, executions), pending };
+  const view = overlay(s.executions, executions);
+  registerOverlay(view, s.executions, executions);
+  return { ...s, executions: view, pending };
 }
 
 /** A read-only map: `base` with `changes` replacing some of its entries (no new keys). */

@@ -18,7 +18,8 @@ import { admit } from "../../src/state/admission.js";
 import type { LogEvent, NewEvent } from "../../src/state/events.js";
 import { event, identity } from "../../src/state/events.js";
 import { HISTORY_KEEP } from "../../src/state/history.js";
-import { dueTimers, nextStep, pausedBy, successBlockers, type NextStep, type StepLimits } from "../../src/state/next-step.js";
+import { dueTimers, nextStep, pausedBy, successBlockers, unfinished, type NextStep, type StepLimits } from "../../src/state/next-step.js";
+import { speculate } from "../../src/state/speculate.js";
 import { acceptedEvents, admissionContext, cancelledBeforeLaunch, controlEvents, finishedEvents, lostWorker, processFinished, timerFiredEvents } from "../../src/state/outcomes.js";
 import type { Projection, SessionProjection } from "../../src/state/projection.js";
 import { runtimeCellsView } from "../../src/state/projection.js";
@@ -45,6 +46,27 @@ class KeepSet<T> extends Set<T> {
   override delete(_value: T): boolean {
     return false;
   }
+}
+
+/** A read-only view of `map` that is not a Map: next-step.ts finds no index for it and scans. */
+function viewOf<K, V>(map: ReadonlyMap<K, V>): ReadonlyMap<K, V> {
+  return {
+    get: (k: K) => map.get(k),
+    has: (k: K) => map.has(k),
+    get size() {
+      return map.size;
+    },
+    forEach: (f: (v: V, k: K, m: ReadonlyMap<K, V>) => void) => map.forEach(f),
+    keys: () => map.keys(),
+    values: () => map.values(),
+    entries: () => map.entries(),
+    [Symbol.iterator]: () => map.entries(),
+  };
+}
+
+/** `s` with its cells and executions behind views that carry no index. */
+function scanOnly(s: SessionProjection): SessionProjection {
+  return { ...s, cells: viewOf(s.cells), executions: viewOf(s.executions) };
 }
 
 /** A Reducer at `first` (a session_created) whose session keeps its whole history. */
@@ -79,6 +101,10 @@ interface Counts {
   resolutions: number;
   conclusions: number;
   checks: number;
+  /** Decisions on a projection with live indexes compared with a scan of the same projection. */
+  indexChecks: number;
+  /** The same through a speculative overlay. */
+  overlayChecks: number;
 }
 
 /** What differs between two admission verdicts, when a dropped cell explains it (history.ts: "as for a cell that does not exist"). */
@@ -111,7 +137,7 @@ class Sim {
   long: { runner: number | null; cancelled: number; done: boolean } = { runner: null, cancelled: 0, done: false };
   readonly outside: { id: string; kind: string; payload: unknown }[] = [];
   private timerN = 0;
-  readonly counts: Counts = { rounds: 0, accepted: 0, rejected: 0, documentedDifferences: 0, executions: 0, timersFired: 0, posts: 0, reposts: 0, cancels: 0, resolutions: 0, conclusions: 0, checks: 0 };
+  readonly counts: Counts = { rounds: 0, accepted: 0, rejected: 0, documentedDifferences: 0, executions: 0, timersFired: 0, posts: 0, reposts: 0, cancels: 0, resolutions: 0, conclusions: 0, checks: 0, indexChecks: 0, overlayChecks: 0 };
 
   constructor(readonly rnd: () => number) {}
 
@@ -156,6 +182,36 @@ class Sim {
     assert.deepEqual(this.decide(s, busy), this.decide(r, busy), `after ${what} (head ${this.real.headSeq}): nextStep decides differently with bounded history`);
     assert.equal(pausedBy(s)?.cell_id ?? null, pausedBy(r)?.cell_id ?? null, `after ${what}: the queue's pause differs`);
     assert.deepEqual(successBlockers(s), successBlockers(r), `after ${what}: the success blockers differ`);
+    // The live indexes (src/state/live-index.ts) against a scan: the same projection behind views
+    // that are not Maps (so no index) must get the same decisions; the bounded projection's after
+    // every commit, the reference's (whole history, slower to scan) after every 16th.
+    for (const [name, p] of this.counts.checks % 16 === 0 ? ([["bounded", s], ["reference", r]] as const) : ([["bounded", s]] as const)) {
+      const scanned = scanOnly(p);
+      assert.deepEqual(this.decide(p, busy), this.decide(scanned, busy), `after ${what} (head ${this.real.headSeq}): the ${name} projection's indexes decide differently from a scan`);
+      assert.equal(pausedBy(p)?.cell_id ?? null, pausedBy(scanned)?.cell_id ?? null, `after ${what}: the ${name} projection's indexes see another pause than a scan`);
+      assert.deepEqual([...unfinished(p)].map((e) => e.cell_id), [...p.executions.values()].filter((e) => e.phase !== "finished").map((e) => e.cell_id), `after ${what}: the ${name} projection's unfinished executions differ from a scan`);
+      this.counts.indexChecks++;
+    }
+    // The same through a speculative overlay (speculate.ts), whose index is its base's adjusted.
+    const carried = this.speculated();
+    if (carried !== null) {
+      const o = speculate(s, carried);
+      if (o !== null) {
+        const scanned = scanOnly(o);
+        assert.deepEqual(this.decide(o, false), this.decide(scanned, false), `after ${what}: a speculated projection's index decides differently from a scan`);
+        this.counts.overlayChecks++;
+      }
+    }
+  }
+
+  /** The events a cell still running would carry if it finished now with an error (for the overlay check), or null. */
+  speculated(): NewEvent[] | null {
+    const s = this.s;
+    for (const ex of s.executions.values()) {
+      if (ex.phase !== "started") continue;
+      return finishedEvents(s, processFinished(s, ex.cell_id, { result: "error", exit_code: 1, signal: null, duration_ms: 1, output_bytes: 0, dropped_bytes: 0, detail: null }, false), this.iso());
+    }
+    return null;
   }
 
   decide(s: SessionProjection, busy: boolean): NextStep {
@@ -395,6 +451,7 @@ describe("bounded history does not change what a run does (differential, past 2 
     assert.ok(sim.long.done, "the long phase ran");
     assert.ok(sim.pinned.size > 0 && [...sim.pinned].every((id) => s.state.cells.some((c) => c.id === id) && s.executions.has(id)), "pinned cells stayed in context with their executions");
     assert.ok(sim.counts.cancels > 50 && sim.counts.resolutions > 20 && sim.counts.conclusions > 20 && sim.counts.reposts > 20, "the run exercised controls and re-posts");
+    assert.ok(sim.counts.indexChecks > sim.counts.checks && sim.counts.overlayChecks > 100, "the live indexes were checked against scans, overlays included");
   });
 
   test("a snapshot restored at any point (full or structure decode) plus the tail folds to the whole fold", () => {
@@ -405,8 +462,15 @@ describe("bounded history does not change what a run does (differential, past 2 
       const first = new Reducer();
       first.apply(sim.log.slice(0, cut));
       const restored = restoreSnapshot(encodeSnapshot(first.projection()), cut, { validate: i % 2 === 0 ? "structure" : "full" });
+      // Asked before the tail is folded, so the tail's fold keeps the restored maps' indexes in step.
+      const before = restored.session(S)!;
+      nextStep({ session: before, limits: LIMITS, now: T0, busy: false });
       restored.apply(sim.log.slice(cut));
       assert.deepEqual(restored.projection(), whole, `snapshot at event ${cut} + tail`);
+      const after = restored.session(S)!;
+      for (const busy of [false, true]) {
+        assert.deepEqual(nextStep({ session: after, limits: LIMITS, now: T0, busy }), nextStep({ session: scanOnly(whole.sessions.get(S)!), limits: LIMITS, now: T0, busy }), `snapshot at event ${cut} + tail: the restored projection's indexes decide differently from a scan`);
+      }
     }
     assert.deepEqual(reduce(sim.log), whole, "a fresh fold of the whole log");
   });
