@@ -17,10 +17,12 @@ export interface Counters {
   commitTxnsHttp2: number;
   /** Commit calls resolved with a receipt. */
   commitsResolved: number;
+  /** Ownership lease renewals sent on the adapter's own HTTP/2 connections (txn-wire.ts). */
+  leaseRenewalsHttp2: number;
 }
 
 export class Context {
-  readonly counters: Counters = { commitTxns: 0, commitTxnsHttp2: 0, commitsResolved: 0 };
+  readonly counters: Counters = { commitTxns: 0, commitTxnsHttp2: 0, commitsResolved: 0, leaseRenewalsHttp2: 0 };
 
   constructor(
     readonly router: Router,

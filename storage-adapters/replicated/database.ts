@@ -32,6 +32,9 @@ export interface ReplicatedStats extends DatabaseStats {
   readonly commitTxnsHttp2: number;
   /** Commits this Storage resolved with a receipt. */
   readonly commitsResolved: number;
+  /** Ownership lease renewals, and member polls of the health monitor, sent on the adapter's own HTTP/2 connections. */
+  readonly leaseRenewalsHttp2: number;
+  readonly healthPollsHttp2: number;
 }
 
 /** What `openReplicatedDatabase` hands the handle. */
@@ -247,6 +250,8 @@ export class ReplicatedDatabase implements Database {
       commitTxns: this.ctx.counters.commitTxns,
       commitTxnsHttp2: this.ctx.counters.commitTxnsHttp2,
       commitsResolved: this.ctx.counters.commitsResolved,
+      leaseRenewalsHttp2: this.ctx.counters.leaseRenewalsHttp2,
+      healthPollsHttp2: this.ctx.health.pollsHttp2,
     };
   }
 

@@ -6,6 +6,7 @@
  */
 import { Etcd3, type IOptions } from "etcd3";
 import type { ReplicatedLogger } from "./options.js";
+import type { TxnWire } from "./txn-wire.js";
 
 /** `http://localhost:2379/` and `http://127.0.0.1:2379` name the same member. */
 function normalize(url: string): string {
@@ -20,15 +21,29 @@ export interface QuorumView {
   readonly lostSeconds: number;
 }
 
-/** Polls members and tracks quorum. `stop()` releases its clients; idempotent. */
+/** One member's poll: `status()` resolves with the leader it knows ("0": none), rejects when it does not answer. */
+interface Poller {
+  readonly url: string;
+  status(): Promise<{ readonly leader: string }>;
+  close(): void;
+}
+
+/**
+ * Polls members and tracks quorum. `stop()` releases its clients; idempotent. Each member is polled
+ * on a txn-wire connection of its own when `wireFor` gives one (a status call there costs a fraction
+ * of the etcd3 client's: the poll runs every second for the process's life), else with an etcd3
+ * client (etcd authentication).
+ */
 export class HealthMonitor {
-  private clients: { url: string; client: Etcd3 }[] = [];
+  private clients: Poller[] = [];
   private timer: NodeJS.Timeout | null = null;
   private reachable = 0;
   private held = true;
   private lostSince: number | null = null;
   private lostTotalMs = 0;
   private polling = false;
+  /** Polls answered on txn-wire connections (stats). */
+  pollsHttp2 = 0;
   /** Per member URL: answered the last poll with a leader. */
   private readonly memberOk = new Map<string, boolean>();
 
@@ -36,6 +51,7 @@ export class HealthMonitor {
     private readonly clientOptions: Omit<IOptions, "hosts">,
     private readonly intervalMs: number,
     private readonly log: ReplicatedLogger,
+    private readonly wireFor: (url: string) => TxnWire | null = () => null,
     private readonly now: () => number = Date.now,
   ) {}
 
@@ -44,10 +60,22 @@ export class HealthMonitor {
     const known = new Set(this.clients.map((c) => c.url));
     if (memberUrls.length === known.size && memberUrls.every((u) => known.has(u)) && this.timer) return;
     this.closeClients();
-    this.clients = memberUrls.map((url) => ({
-      url,
-      client: new Etcd3({ ...this.clientOptions, hosts: [url], defaultCallOptions: () => ({ deadline: Date.now() + Math.max(500, this.intervalMs) }) }),
-    }));
+    const deadlineMs = Math.max(500, this.intervalMs);
+    this.clients = memberUrls.map((url): Poller => {
+      const wire = this.wireFor(url);
+      if (wire !== null) {
+        return {
+          url,
+          status: () => {
+            this.pollsHttp2++;
+            return wire.status(deadlineMs);
+          },
+          close: () => wire.close(),
+        };
+      }
+      const client = new Etcd3({ ...this.clientOptions, hosts: [url], defaultCallOptions: () => ({ deadline: Date.now() + deadlineMs }) });
+      return { url, status: () => client.maintenance.status(), close: () => client.close() };
+    });
     this.reachable = memberUrls.length;
     if (!this.timer) {
       this.timer = setInterval(() => void this.poll(), this.intervalMs);
@@ -60,10 +88,10 @@ export class HealthMonitor {
     this.polling = true;
     try {
       const results = await Promise.all(
-        this.clients.map(async ({ url, client }) => {
+        this.clients.map(async ({ url, status }) => {
           let r = { up: false, leader: false };
           try {
-            const s = await client.maintenance.status();
+            const s = await status();
             r = { up: true, leader: s.leader !== "0" };
           } catch {
             // unreachable, silent or refusing: counted as down
@@ -130,7 +158,7 @@ export class HealthMonitor {
   }
 
   private closeClients(): void {
-    for (const { client } of this.clients) client.close();
+    for (const c of this.clients) c.close();
     this.clients = [];
     this.memberOk.clear();
   }

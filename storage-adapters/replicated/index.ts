@@ -71,15 +71,15 @@ export function createReplicatedStorage(options: ReplicatedOptions): Storage {
     grpcOptions: channelOptions(MAX_RECEIVE_BYTES) as IOptions["grpcOptions"],
   };
   const memberOptions = memberClientOptions(clientOptions);
-  const health = new HealthMonitor(memberOptions, opts.healthIntervalMs, log);
-  // One client per member; each call names its deadline (router.ts). Streams (watches, the lease
-  // keep-alive) have none: their liveness is checked by gRPC keepalive and by the health monitor.
-  // The commit transaction goes on a connection of its own (txn-wire.ts), except with etcd
-  // authentication, whose tokens the etcd3 client handles.
+  // One client per member; each call names its deadline (router.ts). Streams (watches) have none:
+  // their liveness is checked by gRPC keepalive and by the health monitor. The commit transaction,
+  // the ownership lease's renewals and the health monitor's polls go on connections of their own
+  // (txn-wire.ts), except with etcd authentication, whose tokens the etcd3 client handles.
   const wireTls = opts.tls
     ? { ca: readPem(opts.tls.ca, "ca"), ...(opts.tls.cert ? { cert: readPem(opts.tls.cert, "cert") } : {}), ...(opts.tls.key ? { key: readPem(opts.tls.key, "key") } : {}) }
     : undefined;
   const wireFor = (url: string): TxnWire | null => (opts.username === undefined && opts.commitClient === "http2" ? new TxnWire(url, wireTls, MAX_RECEIVE_BYTES) : null);
+  const health = new HealthMonitor(memberOptions, opts.healthIntervalMs, log, wireFor);
   const router = new Router(opts.endpoints, memberOptions, opts.attemptTimeoutMs, (url) => health.member(url), opts.commitTimeoutMs, wireFor);
   const ctx = new Context(router, opts, log, health);
   const open = new Set<ReplicatedDatabase>();

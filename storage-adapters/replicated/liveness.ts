@@ -15,7 +15,7 @@
  */
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
-import { GRPCUnavailableError, castGrpcError } from "etcd3";
+import { GRPCDeadlineExceededError, GRPCUnavailableError, castGrpcError, type IDuplexStream } from "etcd3";
 import type { OwnershipLease } from "../../src/storage/contract.js";
 import type { Context } from "./context.js";
 import type { Keys } from "./layout.js";
@@ -124,7 +124,11 @@ export class ReplicatedLease implements OwnershipLease {
     if (this.stopped || this.inflight.size >= MAX_INFLIGHT) return;
     const sentAt = performance.now();
     const p = this.ctx.router
-      .call((client) => keepAliveOnce(client, this.id), Math.max(250, this.ttlMs - marginMs(this.ttlMs)))
+      .call((client, member) => {
+        if (member.wire === null) return keepAliveOnce(client, this.id, this.ctx.router.keepAliveAttemptMs);
+        this.ctx.counters.leaseRenewalsHttp2++;
+        return member.wire.keepAlive(this.id, this.ctx.router.keepAliveAttemptMs);
+      }, Math.max(250, this.ttlMs - marginMs(this.ttlMs)))
       .then((ttl) => {
         if (this.stopped || this.lost !== null) return;
         if (ttl <= 0) {
@@ -244,17 +248,39 @@ export class ReplicatedLease implements OwnershipLease {
   }
 }
 
-/** One keep-alive on `client`'s member, within one attempt deadline (router.ts). Resolves with the TTL etcd reports (<= 0: gone). */
-async function keepAliveOnce(client: import("etcd3").Etcd3, id: string): Promise<number> {
-  const stream = await client.leaseClient.leaseKeepAlive();
-  try {
-    return await new Promise<number>((resolve, reject) => {
-      stream.on("data", (res: { TTL: string }) => resolve(Number(res.TTL)));
-      stream.on("error", (err: Error) => reject(castGrpcError(err)));
-      stream.on("end", () => reject(new GRPCUnavailableError("the lease keep-alive stream ended without an answer")));
-      stream.write({ ID: id });
+/**
+ * One keep-alive on `client`'s member within `timeoutMs` (an outage after it: the stream is cancelled).
+ * Resolves with the TTL etcd reports (<= 0: gone).
+ */
+async function keepAliveOnce(client: import("etcd3").Etcd3, id: string, timeoutMs: number): Promise<number> {
+  let timer: NodeJS.Timeout | undefined;
+  let timedOut = false;
+  let stream: IDuplexStream<{ ID: string }, { TTL: string }> | null = null;
+  const expired = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      timedOut = true;
+      stream?.cancel();
+      reject(new GRPCDeadlineExceededError(`no lease keep-alive answer within ${timeoutMs} ms`));
+    }, timeoutMs);
+  });
+  const answered = (async () => {
+    const s = (await client.leaseClient.leaseKeepAlive()) as unknown as IDuplexStream<{ ID: string }, { TTL: string }>;
+    if (timedOut) {
+      s.cancel(); // opened after the deadline: nobody waits for it
+      throw new GRPCDeadlineExceededError(`no lease keep-alive stream within ${timeoutMs} ms`);
+    }
+    stream = s;
+    return new Promise<number>((resolve, reject) => {
+      s.on("data", (res) => resolve(Number(res.TTL)));
+      s.on("error", (err: Error) => reject(castGrpcError(err)));
+      s.on("end", () => reject(new GRPCUnavailableError("the lease keep-alive stream ended without an answer")));
+      s.write({ ID: id });
     });
+  })();
+  try {
+    return await Promise.race([expired, answered]);
   } finally {
-    stream.end();
+    clearTimeout(timer);
+    if (!timedOut) (stream as IDuplexStream<{ ID: string }, { TTL: string }> | null)?.end();
   }
 }

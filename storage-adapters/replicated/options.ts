@@ -83,9 +83,10 @@ export interface ReplicatedOptions {
   /** Length of an owner lease (lease.ts) in ms, rounded up to whole seconds (default 10000). */
   readonly leaseMs?: number;
   /**
-   * How the commit transaction reaches etcd: "http2" (default), one HTTP/2 connection per member of
-   * our own (txn-wire.ts; it costs about half the CPU), or "etcd3", the etcd3 client every other
-   * request uses. With username/password the etcd3 client is always used (it handles the tokens).
+   * How the commit transaction (and the ownership lease's renewals and the health monitor's member
+   * polls) reach etcd: "http2" (default), HTTP/2 connections of our own (txn-wire.ts; a commit costs
+   * about half the CPU, a renewal or a poll a small fraction), or "etcd3", the etcd3 client every
+   * other request uses. With username/password the etcd3 client is always used (it handles the tokens).
    */
   readonly commitClient?: "http2" | "etcd3";
   readonly logger?: ReplicatedLogger;

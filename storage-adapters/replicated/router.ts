@@ -50,7 +50,7 @@ const once = { execute: async <T>(fn: (ctx: { signal: AbortSignal; attempt: numb
 export function channelOptions(maxReceiveBytes: number): Record<string, unknown> {
   return {
     "grpc.max_receive_message_length": maxReceiveBytes,
-    "grpc.keepalive_time_ms": 5000,
+    "grpc.keepalive_time_ms": 10000,
     "grpc.keepalive_timeout_ms": 2000,
     "grpc.keepalive_permit_without_calls": 0,
     interceptors: [requireLeader],
@@ -94,6 +94,9 @@ export class Router {
   private preferred: Member | null = null;
   private closed = false;
 
+  /** The deadline of one ownership lease keep-alive attempt (liveness.ts bounds it, on either client). */
+  readonly keepAliveAttemptMs: number;
+
   constructor(
     endpoints: readonly string[],
     clientOptions: Omit<IOptions, "hosts">,
@@ -103,15 +106,14 @@ export class Router {
     wireFor: (url: string) => TxnWire | null = () => null,
     private readonly now: () => number = Date.now,
   ) {
+    this.keepAliveAttemptMs = Math.min(attemptTimeoutMs, KEEPALIVE_ATTEMPT_MS);
     // Deadlines are set when the call actually starts (after authentication, which may take a while):
-    // one attempt for unary calls and for a lease keep-alive; none for watch streams (gRPC keepalive
-    // and the health monitor watch those); authentication gets the whole request deadline.
+    // one attempt for unary calls; none for streams: watches (gRPC keepalive and the health monitor
+    // watch those), the etcd3 client's own lease keep-alive loop (lease.ts: a stream that lives as long
+    // as the lease; a deadline cut it every second, and it reconnected), and the ownership lease's
+    // one-shot keep-alive, which bounds itself (liveness.ts). Authentication gets the whole request deadline.
     const callOptions = (c: { isStream: boolean; method: string }) =>
-      c.method === "authenticate" ? { deadline: Date.now() + overallMs } : c.method === "leaseKeepAlive"
-          ? { deadline: Date.now() + Math.min(this.attemptTimeoutMs, KEEPALIVE_ATTEMPT_MS) }
-          : c.isStream
-            ? {}
-            : { deadline: Date.now() + this.attemptTimeoutMs };
+      c.method === "authenticate" ? { deadline: Date.now() + overallMs } : c.isStream ? {} : { deadline: Date.now() + this.attemptTimeoutMs };
     this.members = endpoints.map((url) => ({ url, client: new Etcd3({ ...clientOptions, hosts: [url], defaultCallOptions: callOptions }), wire: wireFor(url), penalizedUntil: 0 }));
   }
 

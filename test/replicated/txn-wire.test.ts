@@ -2,8 +2,9 @@
  * The commit path's own etcd client (txn-wire.ts): its protobuf encoding and decoding checked against
  * the etcd3 client's (protobufjs on etcd's rpc.proto) as properties, and its behaviour on a real
  * cluster: the same answers as the etcd3 client, a refused connection, a frozen member (SIGSTOP)
- * answered by a deadline and left behind, a killed member, etcd's own refusals, and close. Then the
- * adapter: commits go on it by default, and through the etcd3 client with commitClient "etcd3".
+ * answered by a deadline and left behind, a killed member, etcd's own refusals, and close; lease
+ * keep-alives and member status likewise. Then the adapter: commits, ownership lease renewals and
+ * member polls go on it by default, and through the etcd3 client with commitClient "etcd3".
  */
 import assert from "node:assert/strict";
 import { createRequire } from "node:module";
@@ -14,7 +15,7 @@ import { Etcd3, type ICompare, type IRequestOp } from "etcd3";
 import { classifyEtcdError } from "../../storage-adapters/replicated/etcd-errors.js";
 import { createReplicatedStorage, type ReplicatedStats } from "../../storage-adapters/replicated/index.js";
 import { absent, count, del, delRange, get, modIs, prefixEnd, present, put, putWithLease, range, valueIs } from "../../storage-adapters/replicated/ops.js";
-import { TxnWire, decodeTxnResponse, encodeTxnRequest, type TxnRequest } from "../../storage-adapters/replicated/txn-wire.js";
+import { TxnWire, decodeKeepAliveTtl, decodeStatusLeader, decodeTxnResponse, encodeTxnRequest, type TxnRequest } from "../../storage-adapters/replicated/txn-wire.js";
 import { devCluster, ev, tempDir, untilQuorum } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
 
@@ -29,6 +30,8 @@ interface MethodDef {
   responseDeserialize(b: Buffer): unknown;
 }
 const txnDef = (pkg["etcdserverpb.KV"] as unknown as { Txn: MethodDef }).Txn;
+const keepAliveDef = (pkg["etcdserverpb.Lease"] as unknown as { LeaseKeepAlive: MethodDef }).LeaseKeepAlive;
+const statusDef = (pkg["etcdserverpb.Maintenance"] as unknown as { Status: MethodDef }).Status;
 
 /** Buffers as hex, so deepEqual compares bytes and not Buffer identity. */
 const plain = (v: unknown): unknown => JSON.parse(JSON.stringify(v, (_k, x: unknown) => (x && typeof x === "object" && (x as { type?: string }).type === "Buffer" ? Buffer.from((x as { data: number[] }).data).toString("hex") : x)));
@@ -122,6 +125,30 @@ describe("txn-wire encoding", () => {
       }),
       { numRuns: 300 },
     );
+  });
+
+  it("decodes LeaseKeepAliveResponse's TTL and StatusResponse's leader as the etcd3 client does (property; negative TTLs and 64-bit leaders exact)", () => {
+    const u64 = fc.bigInt({ min: 0n, max: 2n ** 64n - 1n }).map(String);
+    const header = fc.record({ cluster_id: u64, member_id: u64, revision: rev.map(String), raft_term: rev.map(String) });
+    const ttl = fc.oneof(fc.integer({ min: -1, max: 10_000 }), fc.bigInt({ min: -(2n ** 40n), max: 2n ** 40n }).map(Number));
+    fc.assert(
+      fc.property(fc.record({ header, ID: leaseId, TTL: ttl.map(String) }), (r) => {
+        const theirs = keepAliveDef.responseDeserialize(keepAliveDef.responseSerialize(r)) as { TTL: string };
+        assert.equal(decodeKeepAliveTtl(keepAliveDef.responseSerialize(r)), Number(theirs.TTL));
+      }),
+      { numRuns: 300 },
+    );
+    const status = fc.record({ header, version: fc.string({ maxLength: 12 }), dbSize: rev.map(String), leader: u64, raftIndex: rev.map(String), raftTerm: rev.map(String), errors: fc.array(fc.string({ maxLength: 20 }), { maxLength: 3 }) });
+    fc.assert(
+      fc.property(status, (r) => {
+        const theirs = statusDef.responseDeserialize(statusDef.responseSerialize(r)) as { leader: string };
+        assert.equal(decodeStatusLeader(statusDef.responseSerialize(r)).leader, theirs.leader);
+      }),
+      { numRuns: 300 },
+    );
+    // Fields missing from the answer (proto3 leaves zeros out) read as zero: no lease TTL, no leader.
+    assert.equal(decodeKeepAliveTtl(Buffer.alloc(0)), 0);
+    assert.equal(decodeStatusLeader(Buffer.alloc(0)).leader, "0");
   });
 
   it("refuses a truncated or corrupt response with a message, not a wrong answer", () => {
@@ -259,6 +286,53 @@ describe("txn-wire on a real cluster", () => {
     assert.ok(await answersWithin(w, 20_000), "the wire reconnected after the restart");
   });
 
+  it("renews a lease (Lease/LeaseKeepAlive, one request on the stream) and reads a member's leader (Maintenance/Status) as the etcd3 client does", async () => {
+    const w = wire(dc.cluster.endpoints[0]!);
+    for (const url of dc.cluster.endpoints) {
+      const one = new Etcd3({ hosts: url });
+      try {
+        assert.equal((await wire(url).status(2000)).leader, (await one.maintenance.status()).leader, `the leader ${url} knows`);
+      } finally {
+        one.close();
+      }
+    }
+    const granted = await etcd.leaseClient.leaseGrant({ TTL: 30 });
+    const ttl = await w.keepAlive(granted.ID, 2000);
+    assert.ok(ttl > 25 && ttl <= 30, `a renewal answers the lease's TTL: ${ttl}`);
+    // The renewal is real: the lease's remaining time is back near its TTL, as etcd reports it.
+    const left = await etcd.leaseClient.leaseTimeToLive({ ID: granted.ID });
+    assert.ok(Number(left.TTL) > 25, `etcd's remaining TTL after the renewal: ${left.TTL}`);
+    await etcd.leaseClient.leaseRevoke({ ID: granted.ID });
+    assert.equal(await w.keepAlive(granted.ID, 2000), 0, "a revoked lease renews to 0 (gone)");
+    assert.equal(await w.keepAlive("9223372036854775000", 2000), 0, "an unknown (64-bit) lease id renews to 0");
+    assert.equal(w.sent, 0, "keep-alives and status calls are not counted as transactions");
+    assert.equal(w.calls, 3, "three keep-alives on this wire");
+  });
+
+  it("a frozen member answers neither keep-alives nor status: outages by the deadline, with the etcd3 client's classes", async () => {
+    const w = wire(dc.cluster.endpoints[1]!);
+    const granted = await etcd.leaseClient.leaseGrant({ TTL: 30 });
+    assert.ok((await w.keepAlive(granted.ID, 2000)) > 0);
+    dc.cluster.signal(1, "SIGSTOP");
+    try {
+      for (const call of [() => w.status(300), () => w.keepAlive(granted.ID, 300)]) {
+        const t0 = Date.now();
+        const err = await call().then(
+          () => assert.fail("a frozen member answered"),
+          (e: unknown) => e,
+        );
+        assert.equal(classifyEtcdError(err), "outage", String(err));
+        assert.ok(Date.now() - t0 < 3000, `answered by the deadline: ${Date.now() - t0} ms`);
+      }
+    } finally {
+      dc.cluster.signal(1, "SIGCONT");
+    }
+    await untilQuorum(dc.cluster);
+    assert.ok(await answersWithin(w, 10_000), "the wire answers again after SIGCONT");
+    assert.ok((await w.keepAlive(granted.ID, 2000)) > 0);
+    await etcd.leaseClient.leaseRevoke({ ID: granted.ID });
+  });
+
   it("a request it cannot encode is a rejected promise, never a synchronous throw, and nothing is sent", async () => {
     const w = wire(dc.cluster.endpoints[0]!);
     const p = w.txn({ compare: [], success: [{ request_txn: { compare: [], success: [], failure: [] } }], failure: [] }, 2000);
@@ -305,6 +379,61 @@ describe("txn-wire on a real cluster", () => {
     } finally {
       await own.close();
       await lib.close();
+      dirs.remove();
+    }
+  });
+
+  it("the adapter renews its ownership lease and polls the members on it by default (through etcd3 with commitClient etcd3), and the lease holds", async () => {
+    const dirs = tempDir("wire-renew");
+    const own = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/a`, livenessMs: 3000, healthIntervalMs: 200 });
+    const lib = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/b`, livenessMs: 3000, healthIntervalMs: 200, commitClient: "etcd3" });
+    try {
+      const a = await own.open("renew-http2");
+      const b = await lib.open("renew-etcd3");
+      // Two lease lengths: a lease that was not renewed would be lost by now.
+      await new Promise((r) => setTimeout(r, 6500));
+      const sa = a.stats() as ReplicatedStats;
+      const sb = b.stats() as ReplicatedStats;
+      assert.ok(sa.leaseRenewalsHttp2 >= 6, `renewals on txn-wire: ${sa.leaseRenewalsHttp2}`);
+      assert.ok(sa.healthPollsHttp2 >= 10, `member polls on txn-wire: ${sa.healthPollsHttp2}`);
+      assert.equal(sa.quorumHeld, true);
+      assert.equal(sa.membersReachable, 3);
+      assert.equal(sb.leaseRenewalsHttp2, 0);
+      assert.equal(sb.healthPollsHttp2, 0);
+      assert.equal(sb.membersReachable, 3);
+      // Both still own their database: a commit is accepted.
+      await a.commit([ev("renew-a")]);
+      await b.commit([ev("renew-b")]);
+      await a.close();
+      await b.close();
+    } finally {
+      await own.close();
+      await lib.close();
+      dirs.remove();
+    }
+  });
+
+  it("the owner lease's keep-alive stream (the etcd3 client's own loop, lease.ts) lives as long as the lease: no per-attempt deadline cuts it", async () => {
+    // Until December 5 every leaseKeepAlive stream got the one-shot keep-alive's 1 s deadline, so
+    // this loop's stream was cut every second and reopened 100 ms later (a new connection each time
+    // once nothing else used the member's client), and etcd3 reported a failed keep-alive each time.
+    const dirs = tempDir("wire-owner-lease");
+    const storage = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: dirs.dir, leaseMs: 3000 });
+    try {
+      const held = await storage.leases!.acquire("owner-stream", { host: "h", pid: process.pid, since: new Date().toISOString(), epoch: null, role: "serve" });
+      assert.ok(held, "the lease is free");
+      // The etcd3 Lease behind it (a private field: what is observed is the library's own loop).
+      const lease = (held as unknown as { lease: import("etcd3").Lease }).lease;
+      let failed = 0;
+      let renewed = 0;
+      lease.on("keepaliveFailed", () => failed++);
+      lease.on("keepaliveSucceeded", () => renewed++);
+      await new Promise((r) => setTimeout(r, 4500));
+      assert.equal(failed, 0, "keep-alives failed (the stream was cut)");
+      assert.ok(renewed >= 3, `the loop renewed every third of the lease: ${renewed} in 4.5 s`);
+      await held.release();
+    } finally {
+      await storage.close();
       dirs.remove();
     }
   });
