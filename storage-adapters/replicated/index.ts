@@ -27,7 +27,7 @@ import { checkMembers, openReplicatedDatabase } from "./open.js";
 import { kvsOf, prefixEnd, range } from "./ops.js";
 import { resolveOptions, type ReplicatedLogger, type ReplicatedOptions } from "./options.js";
 import { Router, channelOptions, memberClientOptions } from "./router.js";
-import { TxnWire } from "./txn-wire.js";
+import { TxnWire, type WireTls } from "./txn-wire.js";
 
 export type { ReplicatedOptions, ReplicatedLogger } from "./options.js";
 export type { ReplicatedStats } from "./database.js";
@@ -57,14 +57,18 @@ function readPem(path: string, which: "ca" | "cert" | "key"): Buffer {
 export function createReplicatedStorage(options: ReplicatedOptions): Storage {
   const opts = resolveOptions(options);
   const log = opts.logger ?? silent;
+  // The PEM files, read once: the etcd3 client and txn-wire's connections get the same bytes.
+  const pem: WireTls | null = opts.tls
+    ? { ca: readPem(opts.tls.ca, "ca"), ...(opts.tls.cert ? { cert: readPem(opts.tls.cert, "cert") } : {}), ...(opts.tls.key ? { key: readPem(opts.tls.key, "key") } : {}) }
+    : null;
   const clientOptions: Omit<IOptions, "hosts"> = {
     ...(opts.username !== undefined && opts.password !== undefined ? { auth: { username: opts.username, password: opts.password } } : {}),
-    ...(opts.tls
+    ...(pem !== null
       ? {
           credentials: {
-            rootCertificate: readPem(opts.tls.ca, "ca"),
-            ...(opts.tls.key ? { privateKey: readPem(opts.tls.key, "key") } : {}),
-            ...(opts.tls.cert ? { certChain: readPem(opts.tls.cert, "cert") } : {}),
+            rootCertificate: pem.ca,
+            ...(pem.key ? { privateKey: pem.key } : {}),
+            ...(pem.cert ? { certChain: pem.cert } : {}),
           },
         }
       : {}),
@@ -75,9 +79,7 @@ export function createReplicatedStorage(options: ReplicatedOptions): Storage {
   // their liveness is checked by gRPC keepalive and by the health monitor. The commit transaction,
   // the ownership lease's renewals and the health monitor's polls go on connections of their own
   // (txn-wire.ts), except with etcd authentication, whose tokens the etcd3 client handles.
-  const wireTls = opts.tls
-    ? { ca: readPem(opts.tls.ca, "ca"), ...(opts.tls.cert ? { cert: readPem(opts.tls.cert, "cert") } : {}), ...(opts.tls.key ? { key: readPem(opts.tls.key, "key") } : {}) }
-    : undefined;
+  const wireTls = pem ?? undefined;
   const wireFor = (url: string): TxnWire | null => (opts.username === undefined && opts.commitClient === "http2" ? new TxnWire(url, wireTls, MAX_RECEIVE_BYTES) : null);
   const health = new HealthMonitor(memberOptions, opts.healthIntervalMs, log, wireFor);
   const router = new Router(opts.endpoints, memberOptions, opts.attemptTimeoutMs, (url) => health.member(url), opts.commitTimeoutMs, wireFor);
