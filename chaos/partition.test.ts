@@ -133,7 +133,7 @@ describe("partition: an owner cut off from the etcd cluster is fenced by the nex
       //    commit transactions (unless idle) and its health monitor has seen the quorum lost.
       const txnsAtCut = lastStats(a.lines)?.commitTxns ?? 0;
       cut.cut(mode);
-      assert.equal(cut.cutRules().length, mode === "drop" ? 2 : 1, `the partition rules are in place: ${cut.rules().join(" | ")}`);
+      assert.equal(cut.cutRules().length, mode === "drop" ? 3 : 2, `the partition rules are in place: ${cut.rules().join(" | ")}`);
       if (quietCut === "resume-after-cut") a.signal("SIGUSR2");
       await wait("A behind the partition with the quorum lost", (ls) => {
         const st = lastStats(ls);

@@ -3,11 +3,13 @@
  * loopback every packet passes OUTPUT once, so that is where both directions are cut):
  *
  * - `reset`: the TCP packets that processes of uid `uid` send to the members' client ports on
- *   127.0.0.1 are refused with a TCP reset (A's connections fail at once, new ones are refused);
+ *   127.0.0.1 are refused with a TCP reset (A's connections fail at once, new ones are refused),
+ *   and so are packets on A's marked connections (below) whose socket A already closed;
  * - `drop`: both directions vanish silently: A's packets to the members are dropped, and so are the
  *   members' packets on A's connections (recognised by a connection mark that a rule, in place from
  *   `partition()` on, sets on every connection A opens; etcd runs as root, so its own packets cannot
- *   be matched by owner).
+ *   be matched by owner). A's packets are matched both by owner (new connections) and by that mark
+ *   (a connection whose socket A closed is orphaned in the kernel, has no owner, and still sends).
  *
  * Every rule carries the comment `cairn-partition-<pid of this process>`: `heal()` removes exactly
  * the cutting rules, `dispose()` all of ours, and leftovers of a crashed earlier run (whose pid no
@@ -102,6 +104,12 @@ export function partition(uid: number, ports: readonly number[]): Partition {
   const dports = ["-m", "multiport", "--dports", ports.join(",")];
   const fromA = ["-d", "127.0.0.1/32", "-p", "tcp", "-m", "owner", "--uid-owner", String(uid), ...dports, "-m", "comment", "--comment", comment];
   const toA = ["-s", "127.0.0.1/32", "-p", "tcp", "-m", "multiport", "--sports", ports.join(","), "-m", "connmark", "--mark", MARK, "-m", "comment", "--comment", comment];
+  // A's packets on connections it opened before the cut, matched by their mark rather than by owner:
+  // a socket A has closed (an unanswered connection it gave up on) lives on in the kernel, orphaned,
+  // still retransmitting what A wrote, and an orphan has no owner for `--uid-owner` to match. Without
+  // this rule a commit A sent behind the partition, on a connection it then dropped, reached the
+  // cluster during the cut (about one run in five of the resume-after-cut scenario).
+  const fromAConns = ["-d", "127.0.0.1/32", "-p", "tcp", ...dports, "-m", "connmark", "--mark", MARK, "-m", "comment", "--comment", comment];
   iptables(["-I", "OUTPUT", ...fromA, "-j", "CONNMARK", "--set-mark", MARK]);
   const ours = () => ruleLines((pid) => pid === process.pid);
   const cutting = () => ours().filter((line) => !line.includes("CONNMARK"));
@@ -118,9 +126,12 @@ export function partition(uid: number, ports: readonly number[]): Partition {
       heal();
       // At the top of the chain. A's connections were marked by their earlier packets; a connection
       // A tries to open now never gets an answer to mark.
-      if (mode === "reset") iptables(["-I", "OUTPUT", ...fromA, "-j", "REJECT", "--reject-with", "tcp-reset"]);
-      else {
+      if (mode === "reset") {
+        iptables(["-I", "OUTPUT", ...fromAConns, "-j", "REJECT", "--reject-with", "tcp-reset"]);
+        iptables(["-I", "OUTPUT", ...fromA, "-j", "REJECT", "--reject-with", "tcp-reset"]);
+      } else {
         iptables(["-I", "OUTPUT", ...toA, "-j", "DROP"]);
+        iptables(["-I", "OUTPUT", ...fromAConns, "-j", "DROP"]);
         iptables(["-I", "OUTPUT", ...fromA, "-j", "DROP"]);
       }
     },
