@@ -14,7 +14,7 @@
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -103,12 +103,34 @@ export interface DevCluster {
   kill(i: number, signal?: NodeJS.Signals): Promise<void>;
   /** Sends `signal` to member `i` without waiting (SIGSTOP / SIGCONT freeze and thaw it: a hung machine). */
   signal(i: number, signal: NodeJS.Signals): void;
+  /**
+   * SIGSTOPs member `i` and resolves once every thread of it is stopped (Linux /proc). `signal` returns
+   * as soon as the signal is sent, and a member can still answer a request in the moments before all
+   * its threads have stopped: a test that needs silence at once waits here.
+   */
+  freeze(i: number, timeoutMs?: number): Promise<void>;
   /** Starts member `i` again on the same ports and data directory (it rejoins the cluster). */
   restart(i: number): Promise<void>;
   /** Health of every member; never throws. */
   status(): Promise<ClusterStatus>;
   /** Kills every member and waits for them to exit. Safe to call twice. */
   stop(): Promise<void>;
+}
+
+/** Whether every thread of `pid` is stopped (state T in /proc/PID/task/TID/stat); false when unreadable. */
+function allThreadsStopped(pid: number): boolean {
+  try {
+    const tids = readdirSync(`/proc/${pid}/task`);
+    if (tids.length === 0) return false;
+    for (const tid of tids) {
+      const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8");
+      const state = stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3);
+      if (state !== "T" && state !== "t") return false;
+    }
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 interface MemberPlan {
@@ -400,6 +422,17 @@ export async function startDevCluster(options: DevClusterOptions): Promise<DevCl
     signal(i, signal) {
       check(i);
       children[i]?.kill(signal);
+    },
+    async freeze(i, timeoutMs = 10_000) {
+      check(i);
+      const child = children[i];
+      if (child?.pid === undefined || child.exitCode !== null || child.signalCode !== null) throw new ConfigError(`dev cluster member ${i} is not running; it cannot be frozen`);
+      child.kill("SIGSTOP");
+      const deadline = Date.now() + timeoutMs;
+      while (!allThreadsStopped(child.pid)) {
+        if (Date.now() > deadline) throw new StorageUnavailable(`dev cluster member ${i} (pid ${child.pid}) was sent SIGSTOP but not all its threads stopped within ${timeoutMs} ms`);
+        await sleep(2);
+      }
     },
     async restart(i) {
       check(i);

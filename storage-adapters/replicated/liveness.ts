@@ -252,7 +252,7 @@ export class ReplicatedLease implements OwnershipLease {
  * One keep-alive on `client`'s member within `timeoutMs` (an outage after it: the stream is cancelled).
  * Resolves with the TTL etcd reports (<= 0: gone).
  */
-async function keepAliveOnce(client: import("etcd3").Etcd3, id: string, timeoutMs: number): Promise<number> {
+export async function keepAliveOnce(client: import("etcd3").Etcd3, id: string, timeoutMs: number): Promise<number> {
   let timer: NodeJS.Timeout | undefined;
   let timedOut = false;
   let stream: IDuplexStream<{ ID: string }, { TTL: string }> | null = null;

@@ -6,8 +6,10 @@ import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
+import { readFileSync, readdirSync } from "node:fs";
+import { Etcd3 } from "etcd3";
 import { CLUSTER_STATE_FILE, clusterDown, clusterStatus, clusterUp, readClusterState } from "../../storage-adapters/replicated/devcluster.js";
-import { tempDir } from "./helpers.js";
+import { devCluster, tempDir, untilQuorum } from "./helpers.js";
 
 describe("dev cluster up / status / down", () => {
   const dirs = tempDir("cluster-cli");
@@ -47,6 +49,34 @@ describe("dev cluster up / status / down", () => {
       assert.equal(await clusterStatus(empty.dir), null);
     } finally {
       empty.remove();
+    }
+  });
+});
+
+describe("dev cluster freeze", () => {
+  it("freeze(i) resolves once every thread of the member is stopped: from then on it answers nothing, and after SIGCONT it answers again", async () => {
+    const dc = await devCluster();
+    try {
+      const pid = (await dc.cluster.status()).members[1]!.pid!;
+      const states = () => readdirSync(`/proc/${pid}/task`).map((tid) => { const st = readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8"); return st[st.lastIndexOf(")") + 2]; });
+      assert.ok(states().some((s) => s !== "T"), "running before");
+      const one = new Etcd3({ hosts: dc.cluster.endpoints[1]!, defaultCallOptions: () => ({ deadline: Date.now() + 500 }) });
+      try {
+        await one.maintenance.status();
+        await dc.cluster.freeze(1);
+        assert.ok(states().every((s) => s === "T"), `every thread stopped: ${states().join("")}`);
+        // Right away, not after some settling: a request is not answered.
+        await assert.rejects(one.maintenance.status(), "a frozen member answered");
+      } finally {
+        dc.cluster.signal(1, "SIGCONT");
+      }
+      await untilQuorum(dc.cluster);
+      assert.ok(states().some((s) => s !== "T"), "running after SIGCONT");
+      one.close();
+      await dc.cluster.kill(2);
+      await assert.rejects(dc.cluster.freeze(2), /not running; it cannot be frozen/);
+    } finally {
+      await dc.stop();
     }
   });
 });

@@ -93,7 +93,7 @@ describe("replicated adapter under member loss", () => {
     await db.commit([ev("u0")]);
     const txnsBefore = (db.stats() as ReplicatedStats).commitTxns;
     // Freeze every member: the request reaches nobody that can answer; the client's deadline passes.
-    for (let i = 0; i < 3; i++) cluster().signal(i, "SIGSTOP");
+    for (let i = 0; i < 3; i++) await cluster().freeze(i);
     const pending = db.commit([ev("u1")]);
     try {
       assert.equal(await stillPending(pending, 6000), "pending");

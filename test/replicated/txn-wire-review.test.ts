@@ -1075,7 +1075,7 @@ console.log(line + " " + (Date.now() - t0));
     const live = await child(script, [dc.cluster.endpoints[0]!, "3000"], 20_000);
     assert.equal(live.ended, "exit 0", `an answered wire lets the process exit by itself: ${JSON.stringify(live)}`);
     assert.match(live.lines.join("\n"), /^answered true/);
-    dc.cluster.signal(2, "SIGSTOP");
+    await dc.cluster.freeze(2);
     try {
       const frozen = await child(script, [dc.cluster.endpoints[2]!, "2500"], 25_000);
       assert.equal(frozen.ended, "exit 0", JSON.stringify(frozen));
@@ -1141,8 +1141,8 @@ rl.once("line", async () => {
     });
     try {
       await until("the child opened", () => childIn !== null, 30_000);
-      dc.cluster.signal(1, "SIGSTOP");
-      dc.cluster.signal(2, "SIGSTOP");
+      await dc.cluster.freeze(1);
+      await dc.cluster.freeze(2);
       childIn!.write("go\n");
       const early = await Promise.race([run.then((x) => `ended: ${JSON.stringify(x)}`), sleep(3000).then(() => "waiting")]);
       assert.equal(early, "waiting", "the child must not exit (or acknowledge) while its commit waits for the quorum");

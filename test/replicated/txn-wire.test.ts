@@ -257,7 +257,7 @@ describe("txn-wire on a real cluster", () => {
   it("a frozen member (SIGSTOP) costs one deadline, an outage; after SIGCONT the next call connects again and is answered", async () => {
     const w = wire(dc.cluster.endpoints[2]!);
     assert.equal((await w.txn({ compare: [], success: [get("w/epoch")], failure: [] }, 2000)).succeeded, true);
-    dc.cluster.signal(2, "SIGSTOP");
+    await dc.cluster.freeze(2);
     try {
       const t0 = Date.now();
       const err = await w.txn({ compare: [], success: [get("w/epoch")], failure: [] }, 300).catch((e: unknown) => e);
@@ -313,7 +313,7 @@ describe("txn-wire on a real cluster", () => {
     const w = wire(dc.cluster.endpoints[1]!);
     const granted = await etcd.leaseClient.leaseGrant({ TTL: 30 });
     assert.ok((await w.keepAlive(granted.ID, 2000)) > 0);
-    dc.cluster.signal(1, "SIGSTOP");
+    await dc.cluster.freeze(1);
     try {
       for (const call of [() => w.status(300), () => w.keepAlive(granted.ID, 300)]) {
         const t0 = Date.now();
