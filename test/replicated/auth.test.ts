@@ -132,22 +132,31 @@ describe("replicated adapter with etcd auth", () => {
     }
   });
 
-  it("an authenticated owner keeps its ownership lease and commits while each member in turn is frozen for longer than the lease", async () => {
-    // A lease that outlasts one etcd election (freezing the leader costs one). Each freeze starts from
-    // a settled cluster: etcd takes far longer than one election when its leader stops right after a
-    // member that missed seconds of log came back (up to 9 s seen here), which is not what this tests.
-    const s = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/alice-frozen`, username: "alice", password: alicePassword, logger, healthIntervalMs: 300, livenessMs: 6000 });
+  it("an authenticated owner keeps its ownership lease (the default 3 s) and commits while a follower it talks to is frozen for longer than the lease", async () => {
+    // Followers only: freezing the leader costs an election, and the etcd here (3.4.23) revokes every
+    // lease when a stalled leader resumes (etcd issue #15247, see the README), which is not what this
+    // tests. The storage lists the followers first, so the member it talks to is the one frozen: the
+    // first in its list, then (once that one failed it) the second.
+    await settled(dc.cluster);
+    const st = await dc.cluster.status();
+    const leader = st.members.findIndex((m) => m.isLeader);
+    assert.ok(leader >= 0, "a leader");
+    const followers = [0, 1, 2].filter((i) => i !== leader);
+    const endpoints = [...followers, leader].map((i) => dc.cluster.endpoints[i]!);
+    const s = createReplicatedStorage({ endpoints, dataDir: `${dirs.dir}/alice-frozen`, username: "alice", password: alicePassword, logger, healthIntervalMs: 300 });
     storages.push(s);
     const db = await s.open("alpha");
     const lease = db.lease!;
+    assert.equal(lease.ttlMs, 3000, "the default lease");
     let lost: string | null = null;
     lease.onLost((reason) => (lost = reason));
-    for (let i = 0; i < 3; i++) {
+    for (const i of followers) {
       await settled(dc.cluster);
+      assert.equal((await dc.cluster.status()).members.findIndex((m) => m.isLeader), leader, "the leader did not change");
       await dc.cluster.freeze(i);
       try {
         // Longer than the lease: a renewal stuck on the frozen member would lose it.
-        const until = Date.now() + 6500;
+        const until = Date.now() + 4000;
         let n = 0;
         while (Date.now() < until) {
           await db.commit([ev(`frozen-${i}-${n++}`)]);
