@@ -20,6 +20,7 @@
  * What a run notices: a patch that names a cell dropped from history (to cancel it or resolve it) is
  * answered as for a cell that does not exist, and `cairn status` lists the most recent HISTORY_KEEP
  * finished executions. Runs with fewer than HISTORY_KEEP finished cells see no difference at all.
+ * Once a run has ended it keeps only ENDED_HISTORY_KEEP of each kind (below).
  *
  * Pure: no I/O, no clock.
  */
@@ -32,6 +33,15 @@ import { RESERVED_OBSERVATION_PREFIXES } from "./schema.js";
 
 /** Finished entries of each kind the projection keeps (see the module comment). */
 export const HISTORY_KEEP = 1000;
+
+/**
+ * Finished entries of each kind an ENDED run keeps. An ended run decides nothing more: what it keeps
+ * is for `cairn status` and inspection (the log has the rest), so a database that has held many runs
+ * does not carry each one's history in its projection, its snapshots and every open (a 100-round run
+ * was about 114 KB of snapshot). Applied once, by the fold, when the run ends (`run_ended`): runs of
+ * up to twice this many cells see no difference.
+ */
+export const ENDED_HISTORY_KEEP = 25;
 
 /** The parts of a session's working projection that `dropHistory` may shrink, mutably. */
 export interface HistoryParts {

@@ -7,7 +7,7 @@
  * State it hands out is a fresh object that later events never change.
  */
 import { applyAccepted } from "./admission.js";
-import { dropHistory } from "./history.js";
+import { dropHistory, ENDED_HISTORY_KEEP } from "./history.js";
 import { setCell, setExecution } from "./live-index.js";
 import type { LogEvent } from "./events.js";
 import type { ExecutionRecord, Projection, SessionProjection, TurnRecord } from "./projection.js";
@@ -289,6 +289,8 @@ export class Reducer {
       case "run_ended": {
         s.terminal = { result: e.body.result, reason: e.body.reason, at: e.at };
         s.blocked = null;
+        // The run decides nothing more: keep only the most recent history (history.ts).
+        dropHistory(s, ENDED_HISTORY_KEEP);
         return;
       }
       case "run_blocked": {

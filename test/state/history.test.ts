@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { identity, turnId } from "../../src/state/events.js";
-import { dropHistory, HISTORY_KEEP, type HistoryParts } from "../../src/state/history.js";
+import { dropHistory, ENDED_HISTORY_KEEP, HISTORY_KEEP, type HistoryParts } from "../../src/state/history.js";
 import { runtimeCellsView } from "../../src/state/projection.js";
 import { Reducer, reduce } from "../../src/state/reducer.js";
 import type { Cell, Observation } from "../../src/state/schema.js";
@@ -155,3 +155,59 @@ describe("dropHistory keeps what is still wanted", () => {
   });
 });
 
+describe("an ended run keeps only its most recent history", () => {
+  const log = longRun();
+  const before = log.events.length;
+  log.add("run_ended", identity.terminal(S), { result: "success", reason: "done" });
+  const running = reduce(log.events.slice(0, before)).sessions.get(S)!;
+  const ended = reduce(log.events).sessions.get(S)!;
+
+  test("at run_ended each kind is cut to ENDED_HISTORY_KEEP finished entries; what must stay stays", () => {
+    assert.ok(running.executions.size > 2 * ENDED_HISTORY_KEEP);
+    assert.ok(ended.executions.size <= ENDED_HISTORY_KEEP + 2, `executions: ${ended.executions.size}`);
+    assert.ok(ended.turns.size <= ENDED_HISTORY_KEEP + 1, `turns: ${ended.turns.size}`); // and the open turn
+    assert.ok(ended.cells.size <= ENDED_HISTORY_KEEP + 3, `cells: ${ended.cells.size}`);
+    assert.ok(ended.executions.has(ROUNDS + 1), "the latest execution is kept");
+    assert.equal(ended.executions.get(UNKNOWN_CELL)?.result, "UnknownExecution", "an unresolved UnknownExecution stays");
+    for (let n = 100; n <= ROUNDS; n += 100) assert.ok(ended.observations.has(`msg-${n}`), `outside observation msg-${n} stays`);
+    assert.deepEqual(ended.state, running.state, "the State is untouched");
+    assert.equal(ended.terminal?.result, "success");
+    assert.equal(ended.turn_count, running.turn_count);
+    for (const t of ended.turns.values()) for (const id of t.accepted?.new_cell_ids ?? []) assert.ok(ended.cells.has(id), `kept turn ${t.turn} names cell ${id}, which is kept too`);
+  });
+
+  test("a snapshot taken before or after the end plus the tail folds to what the whole log folds to; the ended run's snapshot is small", () => {
+    const whole = reduce(log.events);
+    for (const cut of [before - 50, before, log.events.length]) {
+      const first = new Reducer();
+      first.apply(log.events.slice(0, cut));
+      const restored = restoreSnapshot(encodeSnapshot(first.projection()), cut, { validate: "full" });
+      restored.apply(log.events.slice(cut));
+      assert.deepEqual(restored.projection(), whole, `snapshot at event ${cut} + tail`);
+    }
+    const endedBytes = Buffer.byteLength(encodeSnapshot(whole));
+    const runningBytes = Buffer.byteLength(encodeSnapshot(reduce(log.events.slice(0, before))));
+    assert.ok(endedBytes * 10 < runningBytes, `an ended run's snapshot ${endedBytes} bytes against ${runningBytes} while it ran`);
+  });
+
+  test("a run of up to twice ENDED_HISTORY_KEEP cells keeps everything when it ends", () => {
+    const short = new LogBuilder(S);
+    short.add("session_created", identity.session(S), { goal: "short", cwd: "/w", validators: [], budgets: {} });
+    let revision = 0;
+    for (let n = 1; n <= 2 * ENDED_HISTORY_KEEP; n++) {
+      const turn = turnId(S, n);
+      short.add("turn_prepared", identity.turn(turn), { turn, n, revision, delivered: [] });
+      const ops = [{ op: "test", path: "/revision", value: revision }, { op: "add", path: "/cells/-", value: cmd(n) }];
+      revision += 1;
+      short.add("model_attempt", identity.attempt(turn, 1), { turn, attempt: 1 });
+      short.add("model_response", identity.response(turn, 1), { turn, attempt: 1, patch: ops as never, usage: { input_tokens: 1, output_tokens: 1 } });
+      short.add("patch_accepted", identity.patch(turn), { turn, attempt: 1, patch: ops as never, revision, new_cell_ids: [n], removed_ids: [], consumed: [] });
+    }
+    const open = reduce(short.events).sessions.get(S)!;
+    short.add("run_ended", identity.terminal(S), { result: "failure", reason: "budget" });
+    const closed = reduce(short.events).sessions.get(S)!;
+    assert.equal(closed.turns.size, open.turns.size);
+    assert.equal(closed.cells.size, open.cells.size);
+    assert.equal(closed.terminal?.result, "failure");
+  });
+});
