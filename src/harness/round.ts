@@ -8,7 +8,7 @@ import { admit, patchBoundsProblem } from "../state/admission.js";
 import { event, identity, turnId, type NewEvent } from "../state/events.js";
 import { nextAttempt } from "../state/next-step.js";
 import type { NextStep } from "../state/next-step.js";
-import { HISTORY_KEEP } from "../state/history.js";
+import { ENDED_HISTORY_KEEP, HISTORY_KEEP } from "../state/history.js";
 import { acceptedEvents, admissionContext, toJson } from "../state/outcomes.js";
 import type { Admission } from "../state/admission.js";
 import { ConfigError, hasCode } from "../errors.js";
@@ -257,7 +257,8 @@ export function resubmit(core: HarnessCore, session: string, turn: string, patch
     // A round id this session issued (turnId's format, read back through turnId itself).
     const n = Number(turn.slice(turn.lastIndexOf(":t") + 2));
     if (!s.turns.has(turn) && Number.isInteger(n) && n >= 1 && n < s.turn_count && turnId(session, n) === turn) {
-      throw new ConfigError(`round ${turn} of session ${session} is older than the rounds the run keeps at hand (the most recent ${HISTORY_KEEP}); it cannot be re-submitted, and its patch and verdict are in the log (cairn log).`);
+      const kept = s.terminal !== null ? `the run has ended and keeps the most recent ${ENDED_HISTORY_KEEP}` : `the most recent ${HISTORY_KEEP}`;
+      throw new ConfigError(`round ${turn} of session ${session} is older than the rounds the run keeps at hand (${kept}); it cannot be re-submitted, and its patch and verdict are in the log (cairn log).`);
     }
     throw new ConfigError(`round ${turn} of session ${session} has not been accepted; the round loop admits open rounds, and only accepted rounds can be re-submitted.`);
   }

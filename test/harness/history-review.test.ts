@@ -13,7 +13,7 @@ import pino from "pino";
 import { Harness } from "../../src/harness/harness.js";
 import type { Model, ModelReply, ModelRequest } from "../../src/model/contract.js";
 import { ModelError } from "../../src/model/contract.js";
-import { HISTORY_KEEP } from "../../src/state/history.js";
+import { ENDED_HISTORY_KEEP, HISTORY_KEEP } from "../../src/state/history.js";
 import { turnId } from "../../src/state/events.js";
 import type { State } from "../../src/state/schema.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
@@ -114,6 +114,9 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
     }
     assert.equal(answers[keptOldest], "replay", "re-submitting a kept accepted round's own patch is a replay");
     assert.match(answers[oldest]!, /^threw ConfigError: round s1:t1 of session s1 is older than the rounds the run keeps at hand/, "a round older than the kept history is refused saying so, not as a round never accepted");
+    // The run has ended: it keeps ENDED_HISTORY_KEEP rounds, and the refusal gives that number.
+    assert.match(answers[oldest]!, new RegExp(`the run has ended and keeps the most recent ${ENDED_HISTORY_KEEP}\\)`), answers[oldest]);
+    assert.ok(p.turns.size <= ENDED_HISTORY_KEEP + 1, `an ended run keeps at most ${ENDED_HISTORY_KEEP} accepted rounds: ${p.turns.size}`);
   });
 
   // BUG: registerTimer answers "the timer already registered" from s.timers; once the fired timer
