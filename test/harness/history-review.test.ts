@@ -119,6 +119,53 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
     assert.ok(p.turns.size <= ENDED_HISTORY_KEEP + 1, `an ended run keeps at most ${ENDED_HISTORY_KEEP} accepted rounds: ${p.turns.size}`);
   });
 
+  it("Harness.submit of a round older than the kept history while the run is still going: the refusal gives the running number, not the ended one", async (tc) => {
+    const t = tempDir("cairn-hr-live-");
+    const rounds = HISTORY_KEEP + 150;
+    // At round `rounds` the model holds its answer until the test has re-submitted: the run is live then.
+    let reached!: () => void;
+    const atHold = new Promise<void>((r) => (reached = r));
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    const model = new FnModel((state) => {
+      const n = state.runtime.usage.rounds;
+      const ops: unknown[] = [{ op: "test", path: "/revision", value: state.revision }, ...removals(state)];
+      const next = state.runtime.next_cell_id;
+      if (n >= rounds) ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "note", role: "conclusion", result: "failure", text: "enough" } });
+      else for (let i = 0; i < 3; i++) ops.push({ op: "add", path: "/cells/-", value: { id: next + i, previous_id: null, kind: "note", text: `round ${n} note ${i}` } });
+      return ops;
+    });
+    const holding: Model = {
+      name: "review-hold",
+      async step(req) {
+        if (req.state.runtime.usage.rounds >= rounds) {
+          reached();
+          await held;
+        }
+        return model.step(req);
+      },
+    };
+    const h = await Harness.open({ storage: createMemoryStorage(), name: "hr-submit-live", model: holding, workDir: t.dir, limits: fast, snapshots: false });
+    tc.after(async () => {
+      release();
+      await h.close();
+      t.cleanup();
+    });
+    const s = await h.start({ goal: "many rounds", cwd: t.dir });
+    await atHold;
+    const p = h.session(s)!;
+    assert.equal(p.terminal, null, "the run is still going");
+    assert.ok(p.turns.size < p.turn_count, `turns were dropped (${p.turns.size} of ${p.turn_count} kept)`);
+    const oldest = turnId(s, 1);
+    await assert.rejects(
+      h.submit(s, oldest, model.patches.get(oldest)),
+      (err: Error) => err.name === "ConfigError" && err.message.includes(`(the most recent ${HISTORY_KEEP})`) && !err.message.includes("has ended"),
+      "a live run's refusal gives the running history's size",
+    );
+    release();
+    assert.equal((await h.wait(s)).reason, "the model concluded failure: enough");
+  });
+
   // BUG: registerTimer answers "the timer already registered" from s.timers; once the fired timer
   // was dropped from history it commits timer_registered again, which the storage refuses (its
   // identity is in the log), and the cell's `cairn timer` fails instead of getting the answer.

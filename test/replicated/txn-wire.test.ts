@@ -406,6 +406,12 @@ describe("txn-wire on a real cluster", () => {
       await b.commit([ev("renew-b")]);
       await a.close();
       await b.close();
+      // A closed handle renews no more (its lease was released); the storage keeps polling members.
+      const atClose = a.stats() as ReplicatedStats;
+      await new Promise((r) => setTimeout(r, 1500));
+      const later = a.stats() as ReplicatedStats;
+      assert.equal(later.leaseRenewalsHttp2, atClose.leaseRenewalsHttp2, "renewals went on after close()");
+      assert.ok(later.healthPollsHttp2 > atClose.healthPollsHttp2, "the storage's member polls stopped with the handle");
     } finally {
       await own.close();
       await lib.close();
