@@ -38,6 +38,21 @@ class FnModel implements Model {
   }
 }
 
+/**
+ * Every round takes the previous notes out of context and adds three (idle, so an idle observation
+ * starts the next round); round `rounds` concludes failure "enough".
+ */
+function notesModel(rounds: number): FnModel {
+  return new FnModel((state) => {
+    const n = state.runtime.usage.rounds;
+    const ops: unknown[] = [{ op: "test", path: "/revision", value: state.revision }, ...removals(state)];
+    const next = state.runtime.next_cell_id;
+    if (n >= rounds) ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "note", role: "conclusion", result: "failure", text: "enough" } });
+    else for (let i = 0; i < 3; i++) ops.push({ op: "add", path: "/cells/-", value: { id: next + i, previous_id: null, kind: "note", text: `round ${n} note ${i}` } });
+    return ops;
+  });
+}
+
 /** The ops that take every cell of `state` out of context except those `keep` names (highest position first). */
 function removals(state: State, keep: (id: number) => boolean = () => false): unknown[] {
   const ops: unknown[] = [];
@@ -81,15 +96,7 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
   it("Harness.submit after a long run: a kept accepted round replays, an older one is refused saying it is older than the kept history", async (tc) => {
     const t = tempDir("cairn-hr-");
     const rounds = 2 * HISTORY_KEEP + 150;
-    // Every round takes the previous notes out of context and adds three: idle, so an idle observation starts the next round.
-    const model = new FnModel((state) => {
-      const n = state.runtime.usage.rounds;
-      const ops: unknown[] = [{ op: "test", path: "/revision", value: state.revision }, ...removals(state)];
-      const next = state.runtime.next_cell_id;
-      if (n >= rounds) ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "note", role: "conclusion", result: "failure", text: "enough" } });
-      else for (let i = 0; i < 3; i++) ops.push({ op: "add", path: "/cells/-", value: { id: next + i, previous_id: null, kind: "note", text: `round ${n} note ${i}` } });
-      return ops;
-    });
+    const model = notesModel(rounds);
     const h = await Harness.open({ storage: createMemoryStorage(), name: "hr-submit", model, workDir: t.dir, limits: fast, snapshots: false });
     tc.after(async () => {
       await h.close();
@@ -127,14 +134,7 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
     const atHold = new Promise<void>((r) => (reached = r));
     let release!: () => void;
     const held = new Promise<void>((r) => (release = r));
-    const model = new FnModel((state) => {
-      const n = state.runtime.usage.rounds;
-      const ops: unknown[] = [{ op: "test", path: "/revision", value: state.revision }, ...removals(state)];
-      const next = state.runtime.next_cell_id;
-      if (n >= rounds) ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "note", role: "conclusion", result: "failure", text: "enough" } });
-      else for (let i = 0; i < 3; i++) ops.push({ op: "add", path: "/cells/-", value: { id: next + i, previous_id: null, kind: "note", text: `round ${n} note ${i}` } });
-      return ops;
-    });
+    const model = notesModel(rounds);
     const holding: Model = {
       name: "review-hold",
       async step(req) {
