@@ -8,7 +8,9 @@
  *   shape as a commit, on the transport the adapter's commits use, txn-wire.ts) plus a plain
  *   asynchronous spawn of `true` to its exit;
  * - for 1, 8 and 64 sessions in one process: ms per round (one session's wall time / its rounds),
- *   rounds/s in total, commits per round, harness CPU per round (process.cpuUsage(): this process
+ *   rounds/s in total, commits per round, durable writes per round (on replicated the etcd
+ *   transactions: concurrent commits go out together, see groupDelayMs; on sqlite one per commit),
+ *   harness CPU per round (process.cpuUsage(): this process
  *   only; etcd runs in its own processes; the cell launcher's forks are its own too), and the
  *   ratios to the floor, and of each CPU figure the main thread's share (/proc: the rest is V8's
  *   helper threads, TurboFan compiling functions that just became hot, and the GC); each run is
@@ -44,13 +46,14 @@ import { Harness } from "../src/harness/harness.js";
 import { event, identity, turnId, type LogEvent, type NewEvent } from "../src/state/events.js";
 import { Reducer } from "../src/state/reducer.js";
 import { encodeSnapshot } from "../src/state/snapshot.js";
-import type { Storage } from "../src/storage/contract.js";
+import type { Database, Storage } from "../src/storage/contract.js";
 import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
 import { TxnWire } from "../storage-adapters/replicated/txn-wire.js";
 import { absent, put, valueIs } from "../storage-adapters/replicated/ops.js";
 import { tagBatches } from "../chaos/support/tagging.js";
+import { passThroughStorage } from "../chaos/support/passthrough.js";
 import { parseProcStat, startCpuWindow, type CpuBreakdown } from "./stats.js";
 import { clockTicksPerSecond } from "./idle.js";
 import { LoopModel } from "../chaos/support/loop-model.js";
@@ -133,6 +136,8 @@ interface RoundStats {
   readonly msPerRound: number;
   readonly roundsPerSecond: number;
   readonly commitsPerRound: number;
+  /** Durable writes per round (etcd transactions on replicated, where concurrent commits go out together; NaN where the adapter does not count them). */
+  readonly writesPerRound: number;
   readonly cpuMsPerRound: number;
   /** Of cpuMsPerRound, the main thread's (the rest is V8's and libuv's helper threads: TurboFan, GC); NaN without /proc. */
   readonly mainCpuMsPerRound: number;
@@ -161,7 +166,7 @@ async function floor(backend: Backend, sessions: number, rounds: number): Promis
   const main = ((mainThreadTicks() - main0) * 1000) / (await hz());
   const machine = window();
   const total = sessions * rounds;
-  return { msPerRound: ms / rounds, roundsPerSecond: (total * 1000) / ms, commitsPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total };
+  return { msPerRound: ms / rounds, roundsPerSecond: (total * 1000) / ms, commitsPerRound: 3, writesPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total };
 }
 
 /**
@@ -175,9 +180,16 @@ interface Owner {
   close(): Promise<void>;
 }
 
+/** The durable writes `db` made so far: etcd transactions of its commits on replicated; NaN when not counted (sqlite: one transaction per commit, the harness sends them one at a time). */
+function durableWrites(db: Database | null): number {
+  const stats = db?.stats() as { commitTxns?: unknown } | undefined;
+  return typeof stats?.commitTxns === "number" ? stats.commitTxns : Number.NaN;
+}
+
 async function openOwner(backend: Backend, dir: string, tag: string): Promise<Owner> {
   let commits = 0;
-  const storage = tagBatches(backend.storage(join(dir, `data-${tag}`)), () => commits++);
+  let db: Database | null = null;
+  const storage = passThroughStorage(tagBatches(backend.storage(join(dir, `data-${tag}`)), () => commits++), (d) => (db = d));
   const cwd = join(dir, "cwd");
   mkdirSync(cwd, { recursive: true });
   let model = new LoopModel(0);
@@ -192,6 +204,7 @@ async function openOwner(backend: Backend, dir: string, tag: string): Promise<Ow
     async run(sessions, rounds) {
       model = new LoopModel(rounds);
       const commits0 = commits;
+      const txns0 = durableWrites(db);
       const window = startCpuWindow(await hz());
       const main0 = mainThreadTicks();
       const cpu0 = process.cpuUsage();
@@ -204,7 +217,7 @@ async function openOwner(backend: Backend, dir: string, tag: string): Promise<Ow
       const machine = window();
       for (const o of outcomes) if (o.result !== "success") throw new Error(`bench run ${o.session} ended ${o.result}: ${o.reason}`);
       const total = sessions * (rounds + 1);
-      return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: (commits - commits0) / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total };
+      return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: (commits - commits0) / total, writesPerRound: Number.isNaN(txns0) ? (commits - commits0) / total : (durableWrites(db) - txns0) / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total };
     },
     async close() {
       try {
@@ -267,12 +280,12 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
       await floor(backend, 1, Math.max(1, Math.floor(warm / 6)));
     }
     console.log(`(one owner, one Harness open through the section: unmeasured warm-up sessions first (CAIRN_BENCH_WARMUP=${warm}): ${warm} rounds of one session, ${Math.max(1, Math.floor(warm / 10))} rounds of 8, ${Math.max(1, Math.floor(warm / 6))} floor rounds; the cell launcher started, the hot code compiled)`);
-    console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  harness CPU ms/round  floor CPU ms/round  main thread: harness  floor");
+    console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  durable writes  harness CPU ms/round  floor CPU ms/round  main thread: harness  floor");
     for (const sessions of sessionCounts) {
       const f = await floor(backend, sessions, sessions >= 64 ? Math.max(10, Math.floor(rounds / 4)) : rounds);
       const h = await owner.run(sessions, rounds);
       console.log(
-        `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)}`,
+        `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.writesPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)}`,
       );
       machineRows.push(machineRow(sessions, "harness", h), machineRow(sessions, "floor", f));
       cores = h.machine?.cores ?? cores;

@@ -17,12 +17,14 @@ export interface Counters {
   commitTxnsHttp2: number;
   /** Commit calls resolved with a receipt. */
   commitsResolved: number;
+  /** Transactions that waited `groupDelayMs` for more commits to join them (commit-pipeline.ts). */
+  commitGroupWaits: number;
   /** Ownership lease renewals sent on the adapter's own HTTP/2 connections (txn-wire.ts). */
   leaseRenewalsHttp2: number;
 }
 
 export class Context {
-  readonly counters: Counters = { commitTxns: 0, commitTxnsHttp2: 0, commitsResolved: 0, leaseRenewalsHttp2: 0 };
+  readonly counters: Counters = { commitTxns: 0, commitTxnsHttp2: 0, commitsResolved: 0, commitGroupWaits: 0, leaseRenewalsHttp2: 0 };
 
   constructor(
     readonly router: Router,

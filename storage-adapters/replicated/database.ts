@@ -32,6 +32,8 @@ export interface ReplicatedStats extends DatabaseStats {
   readonly commitTxnsHttp2: number;
   /** Commits this Storage resolved with a receipt. */
   readonly commitsResolved: number;
+  /** Transactions that waited `groupDelayMs` for company (only after a transaction that carried several commits). */
+  readonly commitGroupWaits: number;
   /** Ownership lease renewals, and member polls of the health monitor, sent on the adapter's own HTTP/2 connections. */
   readonly leaseRenewalsHttp2: number;
   readonly healthPollsHttp2: number;
@@ -250,6 +252,7 @@ export class ReplicatedDatabase implements Database {
       commitTxns: this.ctx.counters.commitTxns,
       commitTxnsHttp2: this.ctx.counters.commitTxnsHttp2,
       commitsResolved: this.ctx.counters.commitsResolved,
+      commitGroupWaits: this.ctx.counters.commitGroupWaits,
       leaseRenewalsHttp2: this.ctx.counters.leaseRenewalsHttp2,
       healthPollsHttp2: this.ctx.health.pollsHttp2,
     };

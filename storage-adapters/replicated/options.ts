@@ -26,6 +26,7 @@ const OptionsSchema = z.strictObject({
   onOutage: z.enum(["wait", "reject"]).default("wait"),
   backlogLimit: z.number().int().positive().default(1000),
   commitTimeoutMs: z.number().int().min(100).default(5000),
+  groupDelayMs: z.number().int().min(0).max(100, "must be at most 100 (ms): every commit of a busy process may wait that long").default(2),
   attemptTimeoutMs: z.number().int().min(50).default(1500),
   outageTimeoutMs: z.number().int().nonnegative().default(10_000),
   livenessMs: z.number().int().min(2000).default(3000),
@@ -67,6 +68,14 @@ export interface ReplicatedOptions {
   readonly backlogLimit?: number;
   /** Deadline of each etcd request in ms (default 5000). A commit outliving it is resolved by reading back. */
   readonly commitTimeoutMs?: number;
+  /**
+   * Group commit (default 2 ms; 0 turns it off; at most 100): when the last etcd transaction carried
+   * more than one commit (several sessions of this process commit at once), the next one waits this
+   * long for more commits to join it. Fewer, larger transactions: with 8 sessions, 0.65 instead of
+   * 1.1 transactions per round, and about 40% less CPU in etcd's members (README, "Group commit").
+   * A lone committer never waits: after a transaction of one commit the next is sent at once.
+   */
+  readonly groupDelayMs?: number;
   /**
    * Deadline of one attempt of a request on one member, in ms (default 1500): past it, the request is
    * tried on the next member (a silent member costs at most this, once; then it is tried last).

@@ -114,6 +114,42 @@ describe("replicated commits", () => {
     await db.close();
   });
 
+  it("group commit: after a transaction of several commits the next waits groupDelayMs for company; a lone committer never waits; 0 turns it off", async () => {
+    const make = (groupDelayMs: number, dir: string) => createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/${dir}`, groupDelayMs });
+    const delayed = make(60, "delayed");
+    const off = make(0, "off");
+    try {
+      for (const [s, delay] of [[delayed, 60], [off, 0]] as const) {
+        const db = await s.open(`group-delay-${delay}`);
+        const stats = () => db.stats() as ReplicatedStats;
+        // Three at once: the first goes alone (nothing was grouped before), the other two together.
+        await Promise.all([db.commit([ev("a1")]), db.commit([ev("a2")]), db.commit([ev("a3")])]);
+        assert.equal(stats().commitTxns, 2);
+        assert.equal(stats().commitGroupWaits, 0, "no transaction waited: the one before each carried a single commit");
+        // The last transaction carried two: the next commit waits for company, and one asked for
+        // 10 ms later joins it (timers fire in deadline order, so it is queued before the wait ends).
+        const [b1, b2] = await Promise.all([db.commit([ev("b1")]), new Promise((r) => setTimeout(r, 10)).then(() => db.commit([ev("b2")]))]);
+        if (delay > 0) {
+          assert.equal(stats().commitTxns, 3, "b1 waited and b2 joined it: one transaction");
+          assert.equal(stats().commitGroupWaits, 1);
+        } else {
+          assert.equal(stats().commitTxns, 4, "without the delay b1 went alone at once");
+          assert.equal(stats().commitGroupWaits, 0);
+        }
+        assert.deepEqual([b1.firstSeq, b2.firstSeq], [4, 5], "receipts in the order asked");
+        // One committer in turn: at most one wait (after the group of two), then never again.
+        const waits = stats().commitGroupWaits;
+        for (let i = 0; i < 5; i++) await db.commit([ev(`c${i}`)]);
+        assert.equal(stats().commitGroupWaits - waits, delay > 0 ? 1 : 0, "a lone committer waits at most once (right after the group of two), then never");
+        assert.deepEqual((await db.read()).map((e) => e.identity), ["a1", "a2", "a3", "b1", "b2", "c0", "c1", "c2", "c3", "c4"]);
+        await db.close();
+      }
+    } finally {
+      await delayed.close();
+      await off.close();
+    }
+  });
+
   it("an identity the cluster holds but the local copy does not: the group falls back to one txn per batch, only that batch fails", async () => {
     const db = await storage.open("ghost");
     await db.commit([ev("first")]);

@@ -20,6 +20,7 @@ describe("replicated options", () => {
     assert.equal(o.onOutage, "wait");
     assert.equal(o.backlogLimit, 1000);
     assert.equal(o.allowSmallCluster, false);
+    assert.equal(o.groupDelayMs, 2, "group commit waits 2 ms by default");
   });
 
   it("refuses bad options with a ConfigError naming the option, never echoing a password", () => {
@@ -39,6 +40,9 @@ describe("replicated options", () => {
     check({ dataDir: "/d", endpoints: ["http://a:1"], backlogLimit: 0 }, {}, /option "backlogLimit"/);
     check({ dataDir: "/d", endpoints: ["http://a:1"], password: "hunter2" }, {}, /"username" and "password" go together/);
     check({ dataDir: "/d", endpoints: ["http://a:1"], bogus: 1 }, {}, /replicated storage option/);
+    check({ dataDir: "/d", endpoints: ["http://a:1"], groupDelayMs: 101 }, {}, /option "groupDelayMs" must be at most 100 \(ms\)/);
+    check({ dataDir: "/d", endpoints: ["http://a:1"], groupDelayMs: -1 }, {}, /option "groupDelayMs"/);
+    check({ dataDir: "/d", endpoints: ["http://a:1"], groupDelayMs: 1.5 }, {}, /option "groupDelayMs"/);
   });
 });
 
