@@ -3,10 +3,14 @@
  *
  * One etcd transaction per group of commits: concurrent `commit()` calls queue while a transaction is
  * in flight and go out together in the next one (within MAX_TXN_OPS and MAX_BATCH_BYTES). Each caller
- * still gets its own receipt. When the last transaction carried more than one commit (several
- * sessions commit at once), the next waits `groupDelayMs` (default 2 ms) for more to join: each etcd
+ * still gets its own receipt. When the last transaction carried more than one commit and fewer than
+ * GROUP_WAIT_BELOW (several sessions commit at once, in small groups), the next waits up to `groupDelayMs` (default 2 ms) for more to join, and
+ * goes as soon as as many are queued as the largest of the last eight transactions carried. Each etcd
  * transaction costs every member a raft round and a WAL fsync whatever it carries, so fewer, larger
- * transactions leave the machine's CPU to the sessions. A lone committer never waits. The transaction is guarded by `epoch == mine AND head == expected AND
+ * transactions leave the machine's CPU to the sessions; committers that come back together (a closed
+ * loop of commits) are not held up, and a lone committer never waits.
+ *
+ * The transaction is guarded by `epoch == mine AND head == expected AND
  * every identity absent`, so a fenced process can never append and a retry can never append twice.
  *
  * Unknown outcomes (deadline, lost connection, no quorum) are resolved by sending the same guarded
@@ -69,6 +73,14 @@ type Outcome =
   | { kind: "failed"; error: unknown }
   | { kind: "unknown"; reason: string; cause?: unknown };
 
+/** How many recent transactions the group-commit wait looks back on (see expectedGroup). */
+const RECENT_GROUPS = 8;
+/**
+ * After a transaction of this many commits or more, the next one does not wait: the fixed cost per
+ * transaction is already shared that many ways, and a wait would only slow committers down.
+ */
+const GROUP_WAIT_BELOW = 16;
+
 /** Small: an unanswered attempt already waited its deadline, and a new leader is elected in about a second. */
 const MAX_BACKOFF_MS = 500;
 
@@ -89,6 +101,10 @@ export class CommitPipeline {
   private tokens = 0;
   /** Commits in the last transaction sent: more than one means others commit at the same time. */
   private lastGroupSize = 0;
+  /** Commits in each of the last RECENT_GROUPS transactions: the company a waiting group expects. */
+  private readonly recentGroups: number[] = [];
+  /** Ends the group-commit wait early (set while the pump waits for company). */
+  private wake: (() => void) | null = null;
 
   constructor(
     private readonly ctx: Context,
@@ -168,6 +184,8 @@ export class CommitPipeline {
           reject(err);
         },
       });
+      // As many commits wait as the recent transactions carried: the company came, stop waiting.
+      if (this.wake !== null && this.queue.length >= this.expectedGroup()) this.wake();
       this.kick();
     });
   }
@@ -183,8 +201,14 @@ export class CommitPipeline {
     );
   }
 
+  /** The largest of the last few transactions' commits: a waiting group goes once that many are queued. */
+  private expectedGroup(): number {
+    return Math.max(0, ...this.recentGroups);
+  }
+
   /** Refuses queued commits and waits for the one in flight to settle. */
   async shutdown(): Promise<void> {
+    this.wake?.();
     this.rejectQueued(new ResetError("stop", "closed", `database handle "${this.init.name}" was closed before this commit was sent; nothing was written.`));
     await this.running;
   }
@@ -204,9 +228,17 @@ export class CommitPipeline {
   private async pump(): Promise<void> {
     while (this.queue.length > 0) {
       const delay = this.ctx.opts.groupDelayMs;
-      if (delay > 0 && this.lastGroupSize > 1) {
+      if (delay > 0 && this.lastGroupSize > 1 && this.lastGroupSize < GROUP_WAIT_BELOW && this.queue.length < this.expectedGroup()) {
         this.ctx.counters.commitGroupWaits++;
-        await sleep(delay);
+        await new Promise<void>((resolve) => {
+          const done = (): void => {
+            clearTimeout(timer);
+            this.wake = null;
+            resolve();
+          };
+          const timer = setTimeout(done, delay);
+          this.wake = done;
+        });
       }
       try {
         this.init.guard();
@@ -216,6 +248,10 @@ export class CommitPipeline {
       }
       const group = this.takeGroup();
       this.lastGroupSize = group.length;
+      if (group.length > 0) {
+        this.recentGroups.push(group.length);
+        if (this.recentGroups.length > RECENT_GROUPS) this.recentGroups.shift();
+      }
       if (group.length === 0) continue;
       this.inflight = group;
       try {

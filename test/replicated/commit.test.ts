@@ -114,34 +114,43 @@ describe("replicated commits", () => {
     await db.close();
   });
 
-  it("group commit: after a transaction of several commits the next waits groupDelayMs for company; a lone committer never waits; 0 turns it off", async () => {
+  it("group commit: after a transaction of several commits the next waits for company (up to groupDelayMs, or until as many are queued); a lone committer never waits; 0 turns it off", async () => {
     const make = (groupDelayMs: number, dir: string) => createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/${dir}`, groupDelayMs });
-    const delayed = make(60, "delayed");
+    const delayed = make(100, "delayed");
     const off = make(0, "off");
+    const later = <T>(ms: number, f: () => Promise<T>): Promise<T> => new Promise<void>((r) => setTimeout(r, ms)).then(f);
     try {
-      for (const [s, delay] of [[delayed, 60], [off, 0]] as const) {
+      for (const [s, delay] of [[delayed, 100], [off, 0]] as const) {
         const db = await s.open(`group-delay-${delay}`);
         const stats = () => db.stats() as ReplicatedStats;
         // Three at once: the first goes alone (nothing was grouped before), the other two together.
         await Promise.all([db.commit([ev("a1")]), db.commit([ev("a2")]), db.commit([ev("a3")])]);
         assert.equal(stats().commitTxns, 2);
         assert.equal(stats().commitGroupWaits, 0, "no transaction waited: the one before each carried a single commit");
-        // The last transaction carried two: the next commit waits for company, and one asked for
-        // 10 ms later joins it (timers fire in deadline order, so it is queued before the wait ends).
-        const [b1, b2] = await Promise.all([db.commit([ev("b1")]), new Promise((r) => setTimeout(r, 10)).then(() => db.commit([ev("b2")]))]);
+        // The last transaction carried two. b1 waits for company; b2, asked 10 ms later, makes two
+        // queued: the wait ends and they go together; b3, asked at 20 ms, is not held for (timers fire
+        // in deadline order: 10, 20, then the 100 ms wait, which b2 cut short).
+        const receipts = await Promise.all([db.commit([ev("b1")]), later(10, () => db.commit([ev("b2")])), later(20, () => db.commit([ev("b3")]))]);
         if (delay > 0) {
-          assert.equal(stats().commitTxns, 3, "b1 waited and b2 joined it: one transaction");
-          assert.equal(stats().commitGroupWaits, 1);
+          assert.equal(stats().commitTxns, 4, "b1 and b2 in one transaction, sent when b2 came (not after the whole delay, or b3 would have joined), then b3");
+          assert.equal(stats().commitGroupWaits, 2, "b1 waited, and b3 after the group of two");
         } else {
-          assert.equal(stats().commitTxns, 4, "without the delay b1 went alone at once");
+          assert.equal(stats().commitTxns, 5, "without the delay each went alone, at once");
           assert.equal(stats().commitGroupWaits, 0);
         }
-        assert.deepEqual([b1.firstSeq, b2.firstSeq], [4, 5], "receipts in the order asked");
-        // One committer in turn: at most one wait (after the group of two), then never again.
+        assert.deepEqual(receipts.map((r) => r.firstSeq), [4, 5, 6], "receipts in the order asked");
+        // One committer in turn after a transaction of one commit: never waits.
         const waits = stats().commitGroupWaits;
         for (let i = 0; i < 5; i++) await db.commit([ev(`c${i}`)]);
-        assert.equal(stats().commitGroupWaits - waits, delay > 0 ? 1 : 0, "a lone committer waits at most once (right after the group of two), then never");
-        assert.deepEqual((await db.read()).map((e) => e.identity), ["a1", "a2", "a3", "b1", "b2", "c0", "c1", "c2", "c3", "c4"]);
+        assert.equal(stats().commitGroupWaits - waits, 0, "a lone committer never waits");
+        // Twenty at once: the first alone, nineteen together. After a group that large the next
+        // commit does not wait (the transaction's cost is already shared that many ways).
+        await Promise.all(Array.from({ length: 20 }, (_, i) => db.commit([ev(`d${i}`)])));
+        const txns = stats().commitTxns;
+        await db.commit([ev("e")]);
+        assert.equal(stats().commitTxns - txns, 1);
+        assert.equal(stats().commitGroupWaits - waits, 0, "no wait after a group of 19, nor after the lone one before it");
+        assert.equal((await db.read()).length, 3 + 3 + 5 + 20 + 1);
         await db.close();
       }
     } finally {
