@@ -4,14 +4,15 @@
  * One etcd transaction per group of commits: concurrent `commit()` calls queue while a transaction is
  * in flight and go out together in the next one (within MAX_TXN_OPS and MAX_BATCH_BYTES). Each caller
  * still gets its own receipt. When the last transaction carried more than one commit and fewer than
- * GROUP_WAIT_BELOW (several sessions commit at once, in small groups), the next waits up to `groupDelayMs` (default 2 ms) for more to join, and
- * goes as soon as as many are queued as the largest of the last eight transactions carried. Each etcd
- * transaction costs every member a raft round and a WAL fsync whatever it carries, so fewer, larger
- * transactions leave the machine's CPU to the sessions; committers that come back together (a closed
- * loop of commits) are not held up, and a lone committer never waits.
+ * GROUP_WAIT_BELOW (several sessions commit at once, in small groups), the next waits up to
+ * `groupDelayMs` (default 2 ms) for more to join, and goes as soon as as many are queued as the
+ * largest of the last eight transactions carried. Each etcd transaction costs every member a raft
+ * round and a WAL fsync whatever it carries, so fewer, larger transactions leave the machine's CPU to
+ * the sessions; committers that come back together (a closed loop of commits) are not held up, and a
+ * lone committer never waits.
  *
- * The transaction is guarded by `epoch == mine AND head == expected AND
- * every identity absent`, so a fenced process can never append and a retry can never append twice.
+ * The transaction is guarded by `epoch == mine AND head == expected AND every identity absent`, so a
+ * fenced process can never append and a retry can never append twice.
  *
  * Unknown outcomes (deadline, lost connection, no quorum) are resolved by sending the same guarded
  * transaction again after a backoff: its failure branch reads back the epoch, the head and the record
