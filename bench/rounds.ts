@@ -136,7 +136,7 @@ interface RoundStats {
   readonly msPerRound: number;
   readonly roundsPerSecond: number;
   readonly commitsPerRound: number;
-  /** Durable writes per round (etcd transactions on replicated, where concurrent commits go out together; NaN where the adapter does not count them). */
+  /** Durable writes per round: etcd transactions on replicated, where concurrent commits go out together; on sqlite, which writes each commit in its own transaction, the commits. */
   readonly writesPerRound: number;
   readonly cpuMsPerRound: number;
   /** Of cpuMsPerRound, the main thread's (the rest is V8's and libuv's helper threads: TurboFan, GC); NaN without /proc. */

@@ -159,6 +159,32 @@ describe("replicated commits", () => {
     }
   });
 
+  it("close() while a commit waits for company: the commit is refused as not written, nothing of it reaches the log, and the next owner carries on", async () => {
+    const s = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/close-wait`, groupDelayMs: 100 });
+    try {
+      const db = await s.open("close-wait");
+      await Promise.all([db.commit([ev("w1")]), db.commit([ev("w2")]), db.commit([ev("w3")])]);
+      // Its outcome is taken at once (it is refused during close(), before an assertion could attach).
+      const waiting = db.commit([ev("waiting")]).then(
+        () => assert.fail("a commit waiting for company was acknowledged although its handle closed first"),
+        (err: unknown) => err,
+      );
+      await new Promise((r) => setImmediate(r)); // the pump that sent w2 and w3 winds down, a new one starts waiting
+      assert.equal((db.stats() as ReplicatedStats).commitGroupWaits, 1, "the commit waits for company (the last transaction carried two)");
+      await db.close();
+      const err = await waiting;
+      assert.equal((err as { code?: string }).code, "reset");
+      assert.match((err as Error).message, /closed before this commit was sent; nothing was written/);
+      assert.equal((db.stats() as ReplicatedStats).commitTxns, 2, "the waiting commit was never sent");
+      const next = await s.open("close-wait");
+      assert.deepEqual((await next.read()).map((e) => e.identity), ["w1", "w2", "w3"]);
+      assert.deepEqual(await next.commit([ev("waiting")]), { firstSeq: 4, lastSeq: 4 }, "the refused commit can be made again");
+      await next.close();
+    } finally {
+      await s.close();
+    }
+  });
+
   it("an identity the cluster holds but the local copy does not: the group falls back to one txn per batch, only that batch fails", async () => {
     const db = await storage.open("ghost");
     await db.commit([ev("first")]);
