@@ -113,6 +113,13 @@ export interface DevCluster {
   restart(i: number): Promise<void>;
   /** Health of every member; never throws. */
   status(): Promise<ClusterStatus>;
+  /**
+   * Whether a write proposal (a lease grant, then its revoke) commits through every running member,
+   * each within 1.5 s; never throws. `status()` is not enough after a thaw: a member SIGCONTed a
+   * moment ago still reports the leader it knew before it froze while an election is under way, and
+   * requests sent through it wait for that election.
+   */
+  serving(): Promise<boolean>;
   /** Kills every member and waits for them to exit. Safe to call twice. */
   stop(): Promise<void>;
 }
@@ -300,6 +307,20 @@ async function memberStatuses(
   return { members: results, reachable, quorumHeld: withLeader * 2 > results.length };
 }
 
+/** Whether a lease grant and its revoke (two raft proposals) commit through member `url` within 1.5 s each. */
+async function proposesThrough(url: string, auth: { username: string; password: string } | null, tls?: DevClusterTls): Promise<boolean> {
+  const client = statusClient(url, auth, tls);
+  try {
+    const lease = await client.leaseClient.leaseGrant({ TTL: 5, ID: 0 });
+    await client.leaseClient.leaseRevoke({ ID: lease.ID });
+    return true;
+  } catch {
+    return false;
+  } finally {
+    client.close();
+  }
+}
+
 async function waitHealthy(
   endpoints: readonly string[],
   timeoutMs: number,
@@ -446,6 +467,11 @@ export async function startDevCluster(options: DevClusterOptions): Promise<DevCl
         root,
         tls,
       );
+    },
+    async serving() {
+      const running = members().filter((_, i) => children[i] !== null && children[i]!.exitCode === null && children[i]!.signalCode === null);
+      const ok = await Promise.all(running.map((m) => proposesThrough(m.clientUrl, root, tls)));
+      return running.length > 0 && ok.every(Boolean);
     },
     stop,
   };

@@ -79,4 +79,27 @@ describe("dev cluster freeze", () => {
       await dc.stop();
     }
   });
+
+  it("serving() is true only when a write proposal commits through every running member: false with one member frozen, true again after SIGCONT, and a killed member is not asked", async () => {
+    const dc = await devCluster();
+    try {
+      assert.equal(await dc.cluster.serving(), true, "a fresh cluster serves");
+      await dc.cluster.freeze(0);
+      try {
+        // Two members still hold the quorum, but the frozen one answers nothing.
+        assert.equal((await dc.cluster.status()).quorumHeld, true);
+        assert.equal(await dc.cluster.serving(), false, "a frozen member was counted as serving");
+      } finally {
+        dc.cluster.signal(0, "SIGCONT");
+      }
+      await untilQuorum(dc.cluster);
+      assert.equal(await dc.cluster.serving(), true);
+      await dc.cluster.kill(1);
+      assert.equal(await dc.cluster.serving(), true, "a killed member is not running: only the two running members are asked");
+      await dc.cluster.kill(2);
+      assert.equal(await dc.cluster.serving(), false, "one member alone has no quorum: a proposal through it cannot commit");
+    } finally {
+      await dc.stop();
+    }
+  });
 });

@@ -128,10 +128,15 @@ export async function eventually(done: () => boolean, what: string, ms = 60_000,
   }
 }
 
-/** Waits until the dev cluster answers with a quorum again (after members were restarted). */
+/**
+ * Waits until the dev cluster answers with a quorum again (after members were restarted or thawed)
+ * and every running member commits a write proposal (see `DevCluster.serving`): a CI run opened a
+ * database through a member thawed a moment before, while its election was still running, and the
+ * open's one 1.5 s attempt ran out.
+ */
 export async function untilQuorum(cluster: DevCluster, ms = 60_000): Promise<void> {
   const deadline = Date.now() + ms;
-  while (!(await cluster.status()).quorumHeld) {
+  while (!(await cluster.status()).quorumHeld || !(await cluster.serving())) {
     if (Date.now() > deadline) assert.fail(`the dev cluster did not regain its quorum within ${ms} ms`);
     await new Promise((r) => setTimeout(r, 100));
   }
