@@ -167,7 +167,16 @@ describe("issue 9: owners, survivors and submitted runs with real processes", ()
       process.kill(a.pid, "SIGCONT");
       const ra = await a.result;
       // Thawed, it finds either the fence (exit 3) or, first, that its liveness lease ran out while it
-      // was stopped (exit 4, issue 14): both stop it before it acts again.
+      // was stopped (exit 4, issue 14): both stop it before it acts again. Rarely the freeze lands
+      // inside a renewal's write to the owner-lease file: the standby then ends it with SIGKILL once
+      // its lease expired (storage-adapters/sqlite/lease.ts, and says so on stderr).
+      if (ra.signal === "SIGKILL") {
+        assert.equal((await readyz(pb))?.status, 200, "the new owner keeps the database");
+        assert.equal(epochOf(data, "w"), epoch + 1, "one change of owner");
+        b.child.kill("SIGTERM");
+        assert.match((await b.result).stderr, /CairnFrozenLeaseHolder/, said(ra));
+        return;
+      }
       assert.ok(ra.code === 3 || ra.code === 4, said(ra));
       assert.match(ra.stderr, ra.code === 3 ? /fenced/ : /lost the ownership lease/);
       assert.equal((await readyz(pb))?.status, 200, "the new owner keeps the database");

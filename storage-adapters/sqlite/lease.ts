@@ -12,6 +12,15 @@
  * Waiters queue in the same file (`waiting`, ordered by arrival), each renewing its own row; a free
  * lease goes to the oldest live waiter, so a worker restarted by its scheduler queues behind the
  * standby that waited longer. A waiter whose row stopped renewing (dead, frozen) drops out.
+ *
+ * A process frozen (SIGSTOP) while it holds the file's write lock keeps that lock. So: the file is in
+ * WAL mode, where readers never wait for a writer (a standby can always see who holds the lease and
+ * that it stopped renewing); a standby asks for the write lock only once the lease is not live; and a
+ * writer refused with SQLITE_BUSY looks up the lock's holder in /proc/locks (`unstick`): when it is
+ * stopped and its own row has not been renewed for its lease length (or, with no row, this process
+ * has seen it stopped with the lock for a lease length), it cannot be acting and cannot renew, so it
+ * is ended with SIGKILL (which releases the lock) and the write is tried again, as the database file's
+ * claim does with a frozen owner (liveness.ts).
  */
 import BetterSqlite3 from "better-sqlite3";
 import { randomUUID } from "node:crypto";
@@ -20,6 +29,7 @@ import { hostname } from "node:os";
 import { join } from "node:path";
 import type { HeldLease, LeaseTicket, LeaseView, OwnerInfo, OwnerLeases } from "../../src/storage/contract.js";
 import { checkDatabaseName } from "../../src/storage/semantics.js";
+import { isStopped, killAndWait, pidAlive, writeLockHolders } from "./procs.js";
 
 interface Row {
   token: string;
@@ -32,13 +42,16 @@ interface Row {
   ttl_ms: number;
 }
 
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === "EPERM";
-  }
+/**
+ * How long a write waits for the file's lock (better-sqlite3 is synchronous: the event loop waits
+ * with it). Writes hold it for microseconds (no fsync); only a frozen holder holds it longer, and
+ * that is `unstick`'s case, not a reason to wait.
+ */
+const BUSY_TIMEOUT_MS = 250;
+
+function isBusy(err: unknown): boolean {
+  const code = String((err as { code?: unknown }).code ?? "");
+  return code.startsWith("SQLITE_BUSY") || /SQLITE_BUSY|database is locked/i.test(String((err as Error).message));
 }
 
 function isLive(row: Pick<Row, "host" | "pid" | "renewed_ms" | "ttl_ms">, now: number): boolean {
@@ -59,7 +72,16 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
     checkDatabaseName(name);
     mkdirSync(dir, { recursive: true });
     const conn = new BetterSqlite3(join(dir, `${name}.lease`));
-    conn.pragma("busy_timeout = 5000");
+    conn.pragma(`busy_timeout = ${BUSY_TIMEOUT_MS}`);
+    try {
+      // Persistent once set; a file created by an older version is converted when nothing holds it.
+      conn.pragma("journal_mode = WAL");
+    } catch (err) {
+      if (!isBusy(err)) {
+        conn.close();
+        throw err;
+      }
+    }
     // No fsync: the lease is liveness, never safety (a renewal lost to a power cut makes the lease look
     // expired, and fencing still protects the log). It also keeps each write's exclusive lock to
     // microseconds: a holder SIGSTOPped while it holds that lock blocks every reader of this file
@@ -84,6 +106,63 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
     return undefined;
   };
   const current = (conn: BetterSqlite3.Database): Row | undefined => conn.prepare<[], Row>("SELECT token, host, pid, since, epoch, role, renewed_ms, ttl_ms FROM lease WHERE id = 1").get();
+
+  /** When this process first saw a pid stopped while it held a lease file's write lock ("name:pid" -> performance.now()). */
+  const seenStuck = new Map<string, number>();
+  /**
+   * After SQLITE_BUSY on the lease file of `name`: ends the holder of its write lock when it is frozen
+   * (see the file comment). True when one was ended: the caller may try its write again.
+   */
+  const unstick = async (name: string): Promise<boolean> => {
+    const path = join(dir, `${name}.lease`);
+    const holders = writeLockHolders(path).filter((pid) => pid !== process.pid);
+    if (holders.length === 0) return false;
+    let rows: { pid: number; renewed_ms: number; ttl_ms: number }[] = [];
+    try {
+      const conn = new BetterSqlite3(path, { readonly: true, fileMustExist: true, timeout: 0 });
+      try {
+        rows = conn.prepare<[string, string], { pid: number; renewed_ms: number; ttl_ms: number }>("SELECT pid, renewed_ms, ttl_ms FROM lease WHERE host = ? UNION ALL SELECT pid, renewed_ms, ttl_ms FROM waiting WHERE host = ?").all(hostname(), hostname());
+      } finally {
+        conn.close();
+      }
+    } catch {
+      // unreadable now (a rollback-mode file from an older version, locked): judged by what was seen
+    }
+    let ended = false;
+    for (const pid of holders) {
+      const key = `${name}:${pid}`;
+      if (!isStopped(pid)) {
+        seenStuck.delete(key);
+        continue;
+      }
+      const own = rows.filter((r) => r.pid === pid);
+      const now = Date.now();
+      const expired = own.length > 0 && own.every((r) => now - r.renewed_ms >= r.ttl_ms);
+      const firstSeen = seenStuck.get(key) ?? performance.now();
+      seenStuck.set(key, firstSeen);
+      const seenLong = own.length === 0 && performance.now() - firstSeen >= ttlMs;
+      if (!expired && !seenLong) continue;
+      process.emitWarning(
+        `the owner lease file ${path} is write-locked by pid ${pid}, which is stopped (SIGSTOP) and ${expired ? "has not renewed its row for its lease length" : `has held the lock stopped for at least ${ttlMs} ms`}: ending it with SIGKILL so that its lock is released`,
+        "CairnFrozenLeaseHolder",
+      );
+      await killAndWait(pid);
+      seenStuck.delete(key);
+      ended = true;
+    }
+    return ended;
+  };
+  /** Runs the write `fn`; when it is refused as busy and `unstick` ended the lock's frozen holder, runs it once more. */
+  const writing = async <T>(name: string, fn: () => T): Promise<T> => {
+    try {
+      return fn();
+    } catch (err) {
+      if (!isBusy(err) || !(await unstick(name))) throw err;
+      return fn();
+    }
+  };
+  /** For the renewals of tickets and held leases: a busy file is retried at the next tick, after `unstick`. */
+  const onBusy = (name: string) => (): void => void unstick(name).catch(() => undefined);
 
   return {
     ttlMs,
@@ -120,7 +199,10 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
       });
       let taken: boolean;
       try {
-        taken = take.immediate();
+        // A live holder is seen by a read (never blocked in WAL mode): no write lock is asked for
+        // while the holder renews, so a holder frozen inside a renewal blocks nobody until it expires.
+        const row = options.force === true ? undefined : current(conn);
+        taken = row !== undefined && isLive(row, Date.now()) ? false : await writing(name, () => take.immediate());
       } catch (err) {
         conn.close();
         throw err;
@@ -130,19 +212,19 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
         return null;
       }
       if (ticket) await ticket.withdraw();
-      return new SqliteHeldLease(conn, token, ttlMs);
+      return new SqliteHeldLease(conn, token, ttlMs, onBusy(name));
     },
 
     async enqueue(name: string, owner: OwnerInfo): Promise<LeaseTicket> {
       const conn = openFile(name);
       const token = randomUUID();
       try {
-        conn.prepare("INSERT INTO waiting (token, host, pid, renewed_ms, ttl_ms) VALUES (?, ?, ?, ?, ?)").run(token, owner.host, owner.pid, Date.now(), ttlMs);
+        await writing(name, () => conn.prepare("INSERT INTO waiting (token, host, pid, renewed_ms, ttl_ms) VALUES (?, ?, ?, ?, ?)").run(token, owner.host, owner.pid, Date.now(), ttlMs));
       } catch (err) {
         conn.close();
         throw err;
       }
-      return new SqliteTicket(conn, token, ttlMs);
+      return new SqliteTicket(conn, token, ttlMs, onBusy(name));
     },
   };
 }
@@ -155,12 +237,14 @@ class SqliteTicket implements LeaseTicket {
     private readonly conn: BetterSqlite3.Database,
     readonly token: string,
     ttlMs: number,
+    onBusy: () => void,
   ) {
     this.timer = setInterval(() => {
       try {
         this.conn.prepare("UPDATE waiting SET renewed_ms = ? WHERE token = ?").run(Date.now(), this.token);
-      } catch {
-        // busy: the next tick renews; the row lasts three ticks
+      } catch (err) {
+        // busy: the next tick renews (the row lasts three ticks); a frozen lock holder is ended first
+        if (isBusy(err)) onBusy();
       }
     }, Math.max(50, Math.floor(ttlMs / 3)));
     this.timer.unref();
@@ -185,11 +269,14 @@ class SqliteHeldLease implements HeldLease {
   private timer: NodeJS.Timeout | null;
   private lost: string | null = null;
   private released = false;
+  /** The owner's epoch once known (`update`), written with every renewal. */
+  private epoch: number | null = null;
 
   constructor(
     private readonly conn: BetterSqlite3.Database,
     private readonly token: string,
     ttlMs: number,
+    private readonly onBusy: () => void,
   ) {
     this.timer = setInterval(() => this.renew(), Math.max(50, Math.floor(ttlMs / 3)));
     this.timer.unref();
@@ -198,11 +285,12 @@ class SqliteHeldLease implements HeldLease {
   private renew(): void {
     if (this.released || this.lost !== null) return;
     try {
-      const r = this.conn.prepare("UPDATE lease SET renewed_ms = ? WHERE id = 1 AND token = ?").run(Date.now(), this.token);
+      const r = this.conn.prepare("UPDATE lease SET renewed_ms = ?, epoch = COALESCE(?, epoch) WHERE id = 1 AND token = ?").run(Date.now(), this.epoch, this.token);
       if (r.changes === 0) this.lose("another process took the lease over");
     } catch (err) {
-      // A busy lease file is retried at the next tick; the lease lasts three ticks.
-      if (!/SQLITE_BUSY|locked/i.test(String((err as Error).message))) this.lose(`renewing failed: ${(err as Error).message}`);
+      // A busy lease file is retried at the next tick (the lease lasts three ticks); a frozen lock holder is ended first.
+      if (isBusy(err)) this.onBusy();
+      else this.lose(`renewing failed: ${(err as Error).message}`);
     }
   }
 
@@ -220,8 +308,15 @@ class SqliteHeldLease implements HeldLease {
 
   async update(epoch: number): Promise<void> {
     if (this.released) return;
-    const r = this.conn.prepare("UPDATE lease SET epoch = ?, renewed_ms = ? WHERE id = 1 AND token = ?").run(epoch, Date.now(), this.token);
-    if (r.changes === 0) this.lose("another process took the lease over");
+    this.epoch = epoch;
+    try {
+      const r = this.conn.prepare("UPDATE lease SET epoch = ?, renewed_ms = ? WHERE id = 1 AND token = ?").run(epoch, Date.now(), this.token);
+      if (r.changes === 0) this.lose("another process took the lease over");
+    } catch (err) {
+      // Busy: the next renewal writes the epoch (it is shown to standbys, never relied on).
+      if (!isBusy(err)) throw err;
+      this.onBusy();
+    }
   }
 
   onLost(listener: (why: string) => void): void {

@@ -16,11 +16,11 @@
  *   releases its lock, and the claim is retried. Last opener wins, as on every other adapter.
  */
 import BetterSqlite3 from "better-sqlite3";
-import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { OwnershipLease } from "../../src/storage/contract.js";
 import type { Connection } from "./connection.js";
+import { isStopped, killAndWait, pidAlive } from "./procs.js";
 
 export const DEFAULT_LEASE_MS = 3000;
 
@@ -54,25 +54,6 @@ export function recordLease(conn: Connection, epoch: number, ttlMs: number): Lea
   return earlier;
 }
 
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === "EPERM";
-  }
-}
-
-/** The state letter of /proc/PID/stat ("T" stopped, "t" traced), or null when there is no such process. */
-function procState(pid: number): string | null {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0] ?? null;
-  } catch {
-    return null;
-  }
-}
-
 /**
  * After SQLITE_BUSY on a claim: ends the owner if it is frozen on this host with its lease expired
  * (see the file comment). Returns a description of what was done, or null when nothing may be done
@@ -94,18 +75,12 @@ export async function endFrozenOwner(path: string, log: (msg: string) => void): 
   }
   if (!owner || owner.host !== hostname() || owner.pid === null || owner.pid === process.pid) return null;
   const pid = owner.pid;
-  const state = procState(pid);
-  if (state !== "T" && state !== "t") return null;
+  if (!isStopped(pid)) return null;
   const age = lease ? Date.now() - lease.renewed_at : Number.POSITIVE_INFINITY;
   const ttl = lease?.ttl_ms ?? DEFAULT_LEASE_MS;
   if (age <= ttl) return null;
   log(`the owner of ${path} (pid ${pid}, epoch ${owner.epoch}) is stopped (SIGSTOP) inside its write transaction and its lease expired ${Math.round(age - ttl)} ms ago: ending it with SIGKILL so that its lock is released`);
-  try {
-    process.kill(pid, "SIGKILL");
-  } catch {
-    // gone meanwhile
-  }
-  for (let i = 0; i < 100 && procState(pid) !== null && procState(pid) !== "Z"; i++) await sleep(50);
+  await killAndWait(pid);
   return `ended the frozen owner pid ${pid} (epoch ${owner.epoch})`;
 }
 
