@@ -16,11 +16,16 @@
  * A process frozen (SIGSTOP) while it holds the file's write lock keeps that lock. So: the file is in
  * WAL mode, where readers never wait for a writer (a standby can always see who holds the lease and
  * that it stopped renewing); a standby asks for the write lock only once the lease is not live; and a
- * writer refused with SQLITE_BUSY looks up the lock's holder in /proc/locks (`unstick`): when it is
- * stopped and its own row has not been renewed for its lease length (or, with no row, this process
- * has seen it stopped with the lock for a lease length), it cannot be acting and cannot renew, so it
- * is ended with SIGKILL (which releases the lock) and the write is tried again, as the database file's
- * claim does with a frozen owner (liveness.ts).
+ * writer (or opener) refused with SQLITE_BUSY looks up the lock's holder in /proc/locks (`unstick`).
+ * It is ended with SIGKILL (which releases the lock), and the write tried again, only when it is
+ * stopped and: it holds the lease and has not renewed it for its length; or it only waits in the
+ * queue and has missed one renewal of its place (a frozen waiter must not cost the running holder its
+ * lease); or it has no row here and this process has seen it stopped with the lock, without running in
+ * between, for a lease length (a connection's last close, which checkpoints under an exclusive lock;
+ * an older version's rollback-journal file). A stopped process cannot act, so ending it changes
+ * nothing it was doing; a running one is never ended. The database file's claim does the same with a
+ * frozen owner (liveness.ts). Not covered: a process frozen by the cgroup freezer (`docker pause`)
+ * is not in state T, and is left alone.
  */
 import BetterSqlite3 from "better-sqlite3";
 import { randomUUID } from "node:crypto";
@@ -29,7 +34,7 @@ import { hostname } from "node:os";
 import { join } from "node:path";
 import type { HeldLease, LeaseTicket, LeaseView, OwnerInfo, OwnerLeases } from "../../src/storage/contract.js";
 import { checkDatabaseName } from "../../src/storage/semantics.js";
-import { isStopped, killAndWait, pidAlive, writeLockHolders } from "./procs.js";
+import { isStopped, killAndWait, pidAlive, runMark, writeLockHolders } from "./procs.js";
 
 interface Row {
   token: string;
@@ -47,7 +52,7 @@ interface Row {
  * with it). Writes hold it for microseconds (no fsync); only a frozen holder holds it longer, and
  * that is `unstick`'s case, not a reason to wait.
  */
-const BUSY_TIMEOUT_MS = 250;
+const BUSY_TIMEOUT_MS = 100;
 
 function isBusy(err: unknown): boolean {
   const code = String((err as { code?: unknown }).code ?? "");
@@ -72,15 +77,21 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
     checkDatabaseName(name);
     mkdirSync(dir, { recursive: true });
     const conn = new BetterSqlite3(join(dir, `${name}.lease`));
+    try {
+      prepareFile(conn);
+    } catch (err) {
+      conn.close();
+      throw err;
+    }
+    return conn;
+  };
+  const prepareFile = (conn: BetterSqlite3.Database): void => {
     conn.pragma(`busy_timeout = ${BUSY_TIMEOUT_MS}`);
     try {
       // Persistent once set; a file created by an older version is converted when nothing holds it.
       conn.pragma("journal_mode = WAL");
     } catch (err) {
-      if (!isBusy(err)) {
-        conn.close();
-        throw err;
-      }
+      if (!isBusy(err)) throw err;
     }
     // No fsync: the lease is liveness, never safety (a renewal lost to a power cut makes the lease look
     // expired, and fencing still protects the log). It also keeps each write's exclusive lock to
@@ -94,7 +105,6 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
     conn.exec(
       "CREATE TABLE IF NOT EXISTS waiting (qid INTEGER PRIMARY KEY AUTOINCREMENT, token TEXT NOT NULL UNIQUE, host TEXT NOT NULL, pid INTEGER NOT NULL, renewed_ms INTEGER NOT NULL, ttl_ms INTEGER NOT NULL)",
     );
-    return conn;
   };
   /** The token of the oldest live waiter (dead ones are removed on the way), or undefined. */
   const oldestWaiter = (conn: BetterSqlite3.Database, now: number): string | undefined => {
@@ -107,8 +117,12 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
   };
   const current = (conn: BetterSqlite3.Database): Row | undefined => conn.prepare<[], Row>("SELECT token, host, pid, since, epoch, role, renewed_ms, ttl_ms FROM lease WHERE id = 1").get();
 
-  /** When this process first saw a pid stopped while it held a lease file's write lock ("name:pid" -> performance.now()). */
-  const seenStuck = new Map<string, number>();
+  /**
+   * Lock holders this process saw stopped ("name:pid"): since when, in which run of the process
+   * (`runMark`: a process that ran in between, or a new process with a reused pid, starts the clock
+   * again), and whether it was found impossible to signal (warned once).
+   */
+  const seenStuck = new Map<string, { first: number; mark: string | null; denied: boolean }>();
   /**
    * After SQLITE_BUSY on the lease file of `name`: ends the holder of its write lock when it is frozen
    * (see the file comment). True when one was ended: the caller may try its write again.
@@ -117,11 +131,11 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
     const path = join(dir, `${name}.lease`);
     const holders = writeLockHolders(path).filter((pid) => pid !== process.pid);
     if (holders.length === 0) return false;
-    let rows: { pid: number; renewed_ms: number; ttl_ms: number }[] = [];
+    let rows: { pid: number; renewed_ms: number; ttl_ms: number; waiting: number }[] = [];
     try {
       const conn = new BetterSqlite3(path, { readonly: true, fileMustExist: true, timeout: 0 });
       try {
-        rows = conn.prepare<[string, string], { pid: number; renewed_ms: number; ttl_ms: number }>("SELECT pid, renewed_ms, ttl_ms FROM lease WHERE host = ? UNION ALL SELECT pid, renewed_ms, ttl_ms FROM waiting WHERE host = ?").all(hostname(), hostname());
+        rows = conn.prepare<[string, string], { pid: number; renewed_ms: number; ttl_ms: number; waiting: number }>("SELECT pid, renewed_ms, ttl_ms, 0 AS waiting FROM lease WHERE host = ? UNION ALL SELECT pid, renewed_ms, ttl_ms, 1 FROM waiting WHERE host = ?").all(hostname(), hostname());
       } finally {
         conn.close();
       }
@@ -137,16 +151,29 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
       }
       const own = rows.filter((r) => r.pid === pid);
       const now = Date.now();
-      const expired = own.length > 0 && own.every((r) => now - r.renewed_ms >= r.ttl_ms);
-      const firstSeen = seenStuck.get(key) ?? performance.now();
-      seenStuck.set(key, firstSeen);
-      const seenLong = own.length === 0 && performance.now() - firstSeen >= ttlMs;
+      // A waiter's place protects nobody: a stopped waiter holding the lock (it blocks the holder's
+      // renewals) is ended once it has missed one renewal of its place (a third of its lease).
+      const expired = own.length > 0 && own.every((r) => now - r.renewed_ms >= (r.waiting === 1 ? Math.max(50, Math.floor(r.ttl_ms / 3)) : r.ttl_ms));
+      const mark = runMark(pid);
+      const prev = seenStuck.get(key);
+      const same = prev !== undefined && prev.mark === mark;
+      const entry = { first: same ? prev.first : performance.now(), mark, denied: same ? prev.denied : false };
+      seenStuck.set(key, entry);
+      const seenLong = own.length === 0 && performance.now() - entry.first >= ttlMs;
       if (!expired && !seenLong) continue;
-      process.emitWarning(
-        `the owner lease file ${path} is write-locked by pid ${pid}, which is stopped (SIGSTOP) and ${expired ? "has not renewed its row for its lease length" : `has held the lock stopped for at least ${ttlMs} ms`}: ending it with SIGKILL so that its lock is released`,
-        "CairnFrozenLeaseHolder",
-      );
-      await killAndWait(pid);
+      const why = !expired
+        ? `has held the lock stopped for at least ${ttlMs} ms`
+        : own.some((r) => r.waiting === 0)
+          ? "has not renewed its lease for its length"
+          : "has missed a renewal of its place in the queue";
+      const what = `the owner lease file ${path} is write-locked by pid ${pid}, which is stopped (SIGSTOP, or under a debugger) and ${why}`;
+      if (entry.denied) continue; // said once already
+      process.emitWarning(`${what}: ending it with SIGKILL so that its lock is released`, "CairnFrozenLeaseHolder");
+      if (!(await killAndWait(pid))) {
+        process.emitWarning(`pid ${pid} may not be signalled by this process (EPERM): thaw it or end it by hand; the lease file stays locked until then`, "CairnFrozenLeaseHolder");
+        entry.denied = true;
+        continue;
+      }
       seenStuck.delete(key);
       ended = true;
     }
@@ -161,8 +188,18 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
       return fn();
     }
   };
-  /** For the renewals of tickets and held leases: a busy file is retried at the next tick, after `unstick`. */
-  const onBusy = (name: string) => (): void => void unstick(name).catch(() => undefined);
+  /**
+   * `openFile`, through `writing`: opening reads the schema, which a stopped process holding the
+   * file's EXCLUSIVE lock refuses too (a rollback-journal file of an older version inside a commit,
+   * or, in WAL mode, the last connection's checkpoint at close).
+   */
+  const opening = async (name: string): Promise<BetterSqlite3.Database> => await writing(name, () => openFile(name));
+  /**
+   * For the renewals of tickets and held leases: a busy file is retried at the next tick, or at once
+   * (`retry`) when `unstick` ended a frozen lock holder.
+   */
+  const onBusy = (name: string) => (retry: () => void): void =>
+    void unstick(name).then((ended) => ended && retry(), () => undefined);
 
   return {
     ttlMs,
@@ -170,7 +207,7 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
     async read(name: string): Promise<LeaseView | null> {
       checkDatabaseName(name);
       if (!existsSync(join(dir, `${name}.lease`))) return null; // a read never creates files
-      const conn = openFile(name);
+      const conn = await opening(name);
       try {
         const row = current(conn);
         return row === undefined ? null : view(row, Date.now());
@@ -180,7 +217,7 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
     },
 
     async acquire(name: string, owner: OwnerInfo, options: { readonly force?: boolean; readonly ticket?: LeaseTicket } = {}): Promise<HeldLease | null> {
-      const conn = openFile(name);
+      const conn = await opening(name);
       const token = randomUUID();
       const ticket = options.ticket instanceof SqliteTicket ? options.ticket : undefined;
       const take = conn.transaction((): boolean => {
@@ -216,7 +253,7 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
     },
 
     async enqueue(name: string, owner: OwnerInfo): Promise<LeaseTicket> {
-      const conn = openFile(name);
+      const conn = await opening(name);
       const token = randomUUID();
       try {
         await writing(name, () => conn.prepare("INSERT INTO waiting (token, host, pid, renewed_ms, ttl_ms) VALUES (?, ?, ?, ?, ?)").run(token, owner.host, owner.pid, Date.now(), ttlMs));
@@ -237,16 +274,18 @@ class SqliteTicket implements LeaseTicket {
     private readonly conn: BetterSqlite3.Database,
     readonly token: string,
     ttlMs: number,
-    onBusy: () => void,
+    onBusy: (retry: () => void) => void,
   ) {
-    this.timer = setInterval(() => {
+    const renew = (): void => {
+      if (this.timer === null) return;
       try {
         this.conn.prepare("UPDATE waiting SET renewed_ms = ? WHERE token = ?").run(Date.now(), this.token);
       } catch (err) {
         // busy: the next tick renews (the row lasts three ticks); a frozen lock holder is ended first
-        if (isBusy(err)) onBusy();
+        if (isBusy(err)) onBusy(() => undefined);
       }
-    }, Math.max(50, Math.floor(ttlMs / 3)));
+    };
+    this.timer = setInterval(renew, Math.max(50, Math.floor(ttlMs / 3)));
     this.timer.unref();
   }
 
@@ -276,7 +315,7 @@ class SqliteHeldLease implements HeldLease {
     private readonly conn: BetterSqlite3.Database,
     private readonly token: string,
     ttlMs: number,
-    private readonly onBusy: () => void,
+    private readonly onBusy: (retry: () => void) => void,
   ) {
     this.timer = setInterval(() => this.renew(), Math.max(50, Math.floor(ttlMs / 3)));
     this.timer.unref();
@@ -289,7 +328,7 @@ class SqliteHeldLease implements HeldLease {
       if (r.changes === 0) this.lose("another process took the lease over");
     } catch (err) {
       // A busy lease file is retried at the next tick (the lease lasts three ticks); a frozen lock holder is ended first.
-      if (isBusy(err)) this.onBusy();
+      if (isBusy(err)) this.onBusy(() => this.renew());
       else this.lose(`renewing failed: ${(err as Error).message}`);
     }
   }
@@ -315,7 +354,7 @@ class SqliteHeldLease implements HeldLease {
     } catch (err) {
       // Busy: the next renewal writes the epoch (it is shown to standbys, never relied on).
       if (!isBusy(err)) throw err;
-      this.onBusy();
+      this.onBusy(() => this.renew());
     }
   }
 
