@@ -94,10 +94,8 @@ export function sqliteLeases(dataDir: string, ttlMs: number): OwnerLeases {
       if (!isBusy(err)) throw err;
     }
     // No fsync: the lease is liveness, never safety (a renewal lost to a power cut makes the lease look
-    // expired, and fencing still protects the log). It also keeps each write's exclusive lock to
-    // microseconds: a holder SIGSTOPped while it holds that lock blocks every reader of this file
-    // until it is thawed or killed, and with an fsync in the commit that window was milliseconds long
-    // (a standby once waited on it for 90 s in chaos/sched.test.ts).
+    // expired, and fencing still protects the log). It also keeps each write's lock to microseconds,
+    // so a SIGSTOP rarely lands inside one (when it does, `unstick` ends the frozen process).
     conn.pragma("synchronous = OFF");
     conn.exec(
       "CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, since TEXT NOT NULL, epoch INTEGER, role TEXT NOT NULL, renewed_ms INTEGER NOT NULL, ttl_ms INTEGER NOT NULL)",
