@@ -5,8 +5,8 @@
  * first version (e3f871c) and pass since the review's fixes; the others pinned down cases found sound.
  */
 import assert from "node:assert/strict";
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
+import { spawnSync } from "node:child_process";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
@@ -14,85 +14,20 @@ import { setTimeout as sleep } from "node:timers/promises";
 import type { HeldLease, OwnerInfo } from "../../src/storage/contract.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { writeLockHolders } from "../../storage-adapters/sqlite/procs.js";
-import { REPO } from "../../chaos/support/cli.js";
+import { frozenLeaseWarnings, kid, nodeKid, type Kid } from "../support/kid.js";
 import { tempDir } from "../replicated/helpers.js";
 
 const TTL = 600;
 const me = (): OwnerInfo => ({ host: hostname(), pid: process.pid, since: new Date().toISOString(), epoch: null, role: "serve" });
 
-const warnings: string[] = [];
-process.on("warning", (w) => {
-  if (w.name === "CairnFrozenLeaseHolder") warnings.push(w.message);
-});
+const warnings = frozenLeaseWarnings();
 
-interface Kid {
-  readonly child: ChildProcess;
-  readonly pid: number;
-  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
-  /** Resolves once the child's stdout contains `word` (rejects if it exits first or after `ms`). */
-  waitFor(word: string, ms?: number): Promise<void>;
-  /** Writes one line to the child's stdin. */
-  send(line: string): void;
-  /** SIGSTOP, resolved once every thread is stopped. */
-  freeze(): Promise<void>;
-  alive(): boolean;
-  out(): string;
-  err(): string;
-}
-
-/** Spawns `cmd args` (a node script: see `nodeKid`), killed in an `after` hook. */
-function kid(cmd: string, args: string[]): Kid {
-  const child = spawn(cmd, args, { cwd: REPO, stdio: ["pipe", "pipe", "pipe"] });
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
-  const alive = () => child.exitCode === null && child.signalCode === null;
-  after(() => {
-    if (alive()) {
-      child.kill("SIGCONT");
-      child.kill("SIGKILL");
-    }
-  });
-  let out = "";
-  let err = "";
-  child.stdout!.setEncoding("utf8").on("data", (d: string) => (out += d));
-  child.stderr!.setEncoding("utf8").on("data", (d: string) => (err += d));
-  const pid = child.pid!;
-  return {
-    child,
-    pid,
-    exited,
-    async waitFor(word, ms = 15_000) {
-      const end = Date.now() + ms;
-      while (!out.includes(word)) {
-        if (!alive()) throw new Error(`child ${pid} exited before "${word}": ${out.slice(-500)} ${err.slice(-2000)}`);
-        if (Date.now() > end) throw new Error(`child ${pid} did not say "${word}" within ${ms} ms: ${out.slice(-500)} ${err.slice(-2000)}`);
-        await sleep(5);
-      }
-    },
-    send(line) {
-      child.stdin!.write(`${line}\n`);
-    },
-    async freeze() {
-      child.kill("SIGSTOP");
-      const end = Date.now() + 10_000;
-      for (;;) {
-        const states = readdirSync(`/proc/${pid}/task`).map((tid) => {
-          const st = readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8");
-          return st[st.lastIndexOf(")") + 2];
-        });
-        if (states.every((s) => s === "T")) return;
-        assert.ok(Date.now() < end, "hang guard: the child's threads did not all stop");
-        await sleep(2);
-      }
-    },
-    alive,
-    out: () => out,
-    err: () => err,
-  };
-}
-
-const nodeKid = (script: string): Kid => kid(process.execPath, ["--no-warnings", "--import", "tsx", "--input-type=module", "-e", script]);
-
-/** Script prelude for a child: `s` (the adapter's storage on `dataDir`), `info` (its OwnerInfo), `Db` (better-sqlite3). */
+/**
+ * Script prelude for a child: `s` (the adapter's storage on `dataDir`), `info` (its OwnerInfo), `Db`
+ * (better-sqlite3). Each child keeps its raw connection in `globalThis.keep`: a connection nothing
+ * references is closed by the garbage collector, which ends its transaction and releases its lock
+ * (a CI run lost a running lock holder that way).
+ */
 const prelude = (dataDir: string, ttl = TTL) => `
   const { createSqliteStorage } = await import("./storage-adapters/sqlite/index.ts");
   const { default: Db } = await import("better-sqlite3");
@@ -143,7 +78,7 @@ describe("review: the sqlite owner-lease file and stopped processes", { timeout:
     for (let attempt = 0; attempt < 3 && frozen === null; attempt++) {
       const c = nodeKid(`${prelude(dataDir)}
         await (await s.leases.enqueue("w", info)).withdraw();
-        const c = new Db(${JSON.stringify(file)});
+        const c = new Db(${JSON.stringify(file)}); globalThis.keep = c;
         c.pragma("synchronous = OFF");
         c.pragma("wal_autocheckpoint = 0");
         c.exec("CREATE TABLE IF NOT EXISTS pad (x)");
@@ -191,7 +126,7 @@ describe("review: the sqlite owner-lease file and stopped processes", { timeout:
     // What the previous version (4d39b9a) did: same schema, no journal_mode pragma (rollback journal),
     // synchronous OFF; the renewal's commit holds the EXCLUSIVE lock.
     const old = nodeKid(`${prelude(dataDir)}
-      const c = new Db(${JSON.stringify(file)});
+      const c = new Db(${JSON.stringify(file)}); globalThis.keep = c;
       c.pragma("busy_timeout = 5000");
       c.pragma("synchronous = OFF");
       c.exec("CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, since TEXT NOT NULL, epoch INTEGER, role TEXT NOT NULL, renewed_ms INTEGER NOT NULL, ttl_ms INTEGER NOT NULL)");
@@ -230,7 +165,7 @@ describe("review: the sqlite owner-lease file and stopped processes", { timeout:
     // a reader closing the last connection) that takes and releases the lock on command.
     const c = nodeKid(`${prelude(dataDir)}
       await (await s.leases.enqueue("w", info)).withdraw();
-      const c = new Db(${JSON.stringify(file)});
+      const c = new Db(${JSON.stringify(file)}); globalThis.keep = c;
       onLine((cmd) => {
         if (cmd === "lock") { c.exec("BEGIN EXCLUSIVE"); c.exec("CREATE TABLE IF NOT EXISTS held_by_child (x)"); }
         if (cmd === "unlock") c.exec("COMMIT");
@@ -284,7 +219,7 @@ describe("review: the sqlite owner-lease file and stopped processes", { timeout:
     // A running process holding the lease file's lock (never ended: it runs), so that writes are busy.
     const running = nodeKid(`${prelude(dataDir)}
       await (await s.leases.enqueue("w", info)).withdraw();
-      const c = new Db(${JSON.stringify(file)});
+      const c = new Db(${JSON.stringify(file)}); globalThis.keep = c;
       c.exec("BEGIN EXCLUSIVE");
       c.exec("CREATE TABLE IF NOT EXISTS held_by_child (x)");
       process.stdout.write("locked\\n");
@@ -304,7 +239,7 @@ describe("review: the sqlite owner-lease file and stopped processes", { timeout:
         if (ino === ${target}) path = p;
         else if (ino > ${target}) { process.stdout.write("missed " + ino + "\\n"); process.exit(1); }
       }
-      const c = new Db(path);
+      const c = new Db(path); globalThis.keep = c;
       c.exec("BEGIN EXCLUSIVE");
       c.exec("CREATE TABLE t (x)");
       process.stdout.write("locked " + path + " dev " + statSync(path).dev + "\\n");
@@ -349,7 +284,7 @@ describe("review: the sqlite owner-lease file and stopped processes", { timeout:
     `);
     const waiter = nodeKid(`${prelude(dataDir, TTL)}
       await s.leases.enqueue("w", info);
-      const c = new Db(${JSON.stringify(file)});
+      const c = new Db(${JSON.stringify(file)}); globalThis.keep = c;
       onLine(() => {
         c.prepare("UPDATE waiting SET renewed_ms = ? WHERE pid = ?").run(Date.now(), process.pid);
         c.exec("BEGIN EXCLUSIVE");
@@ -391,7 +326,7 @@ describe("review: the sqlite owner-lease file and stopped processes", { timeout:
     const file = join(dataDir, "leases", "w.lease");
     const reader = nodeKid(`${prelude(dataDir)}
       await s.leases.enqueue("w", info);
-      const c = new Db(${JSON.stringify(file)});
+      const c = new Db(${JSON.stringify(file)}); globalThis.keep = c;
       c.exec("BEGIN");
       c.prepare("SELECT count(*) FROM lease").get();
       process.stdout.write("reading\\n");
@@ -415,7 +350,7 @@ describe("review: the sqlite owner-lease file and stopped processes", { timeout:
     const file = join(dataDir, "leases", "w.lease");
     const holder = nodeKid(`${prelude(dataDir)}
       await s.leases.acquire("w", info);
-      const c = new Db(${JSON.stringify(file)});
+      const c = new Db(${JSON.stringify(file)}); globalThis.keep = c;
       c.exec("BEGIN EXCLUSIVE");
       c.exec("CREATE TABLE IF NOT EXISTS held_by_child (x)");
       process.stdout.write("locked\\n");
@@ -451,7 +386,7 @@ describe("review: the sqlite owner-lease file and stopped processes", { timeout:
     const held = (await leases.acquire("w", me()))!;
     after(() => held.release());
     const blocker = nodeKid(`${prelude(dataDir)}
-      const c = new Db(${JSON.stringify(file)});
+      const c = new Db(${JSON.stringify(file)}); globalThis.keep = c;
       c.exec("BEGIN EXCLUSIVE");
       c.exec("CREATE TABLE IF NOT EXISTS held_by_child (x)");
       process.stdout.write("locked\\n");

@@ -8,41 +8,26 @@
  * holder is never ended, and neither is a stopped one whose lease is fresh.
  */
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
-import { readdirSync, readFileSync } from "node:fs";
 import { hostname } from "node:os";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { OwnerInfo } from "../../src/storage/contract.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
-import { REPO } from "../../chaos/support/cli.js";
+import { frozenLeaseWarnings, nodeKid, type Kid } from "../support/kid.js";
 import { tempDir } from "../replicated/helpers.js";
 
 const TTL = 600;
 const me = (): OwnerInfo => ({ host: hostname(), pid: process.pid, since: new Date().toISOString(), epoch: null, role: "serve" });
 
-const warnings: string[] = [];
-process.on("warning", (w) => {
-  if (w.name === "CairnFrozenLeaseHolder") warnings.push(w.message);
-});
-
-interface LockChild {
-  readonly child: ChildProcess;
-  readonly pid: number;
-  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
-  /** SIGSTOP, resolved once every thread is stopped. */
-  freeze(): Promise<void>;
-  /** Whether the process still exists (not reaped). */
-  alive(): boolean;
-}
+const warnings = frozenLeaseWarnings();
 
 /**
  * A child that (when `takeLease`) takes the lease of `name` in `dataDir`, then holds the lease file's
  * write lock with BEGIN EXCLUSIVE on a second connection, and says "locked".
  */
-async function lockChild(dataDir: string, name: string, takeLease: boolean): Promise<LockChild> {
-  const script = `
+async function lockChild(dataDir: string, name: string, takeLease: boolean): Promise<Kid> {
+  const c = nodeKid(`
     const { createSqliteStorage } = await import("./storage-adapters/sqlite/index.ts");
     const { default: Db } = await import("better-sqlite3");
     const s = createSqliteStorage({ dataDir: ${JSON.stringify(dataDir)}, leaseMs: ${TTL} });
@@ -51,45 +36,16 @@ async function lockChild(dataDir: string, name: string, takeLease: boolean): Pro
     if (${takeLease}) await s.leases.acquire(${JSON.stringify(name)}, info);
     else await (await s.leases.enqueue(${JSON.stringify(name)}, info)).withdraw();
     const raw = new Db(${JSON.stringify(join(dataDir, "leases", `${name}.lease`))});
+    // Referenced for the child's life: the garbage collector closes a connection nothing references,
+    // which would end the transaction and release the lock.
+    globalThis.keep = raw;
     raw.exec("BEGIN EXCLUSIVE");
     raw.exec("CREATE TABLE IF NOT EXISTS held_by_child (x)");
     process.stdout.write("locked\\n");
     setInterval(() => undefined, 1000);
-  `;
-  const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { cwd: REPO, stdio: ["ignore", "pipe", "pipe"] });
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
-  after(() => {
-    if (child.exitCode === null && child.signalCode === null) {
-      child.kill("SIGCONT");
-      child.kill("SIGKILL");
-    }
-  });
-  let err = "";
-  child.stderr!.setEncoding("utf8").on("data", (d: string) => (err += d));
-  await new Promise<void>((resolve, reject) => {
-    child.stdout!.setEncoding("utf8").on("data", (d: string) => d.includes("locked") && resolve());
-    void exited.then((e) => reject(new Error(`the locking child exited (${e.code ?? e.signal}): ${err.slice(-2000)}`)));
-  });
-  const pid = child.pid!;
-  return {
-    child,
-    pid,
-    exited,
-    async freeze() {
-      child.kill("SIGSTOP");
-      const end = Date.now() + 10_000;
-      for (;;) {
-        const states = readdirSync(`/proc/${pid}/task`).map((tid) => {
-          const st = readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8");
-          return st[st.lastIndexOf(")") + 2];
-        });
-        if (states.every((s) => s === "T")) return;
-        assert.ok(Date.now() < end, "hang guard: the child's threads did not all stop");
-        await sleep(2);
-      }
-    },
-    alive: () => child.exitCode === null && child.signalCode === null,
-  };
+  `);
+  await c.waitFor("locked");
+  return c;
 }
 
 /** Whether `p` settles within `ms` (better-sqlite3 is synchronous: a blocked read would never yield). */
