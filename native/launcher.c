@@ -26,7 +26,9 @@
  *      release: a line on the cell's stderr, exit 127 (not found) or 126, as sh's. An argv over the
  *      kernel's exec limits (counting the file name PATH resolves to and a #! script's
  *      interpreter) is refused before the gate is reported started (E2BIG);
- *   3. answers "S <token> <pid>\n" once the gate waits for release, or
+ *   3. answers "S <token> <pid> <pgid> <starttime>\n" once the gate waits for release (pgid and
+ *      starttime, fields 5 and 22 of /proc/<pid>/stat, read here after the gate's setsid: the
+ *      gate's identity, so the harness need not read /proc itself; "- -" when that read failed), or
  *      "E <token> <errno> <step>\n" when a step failed (step: connect, fork, setsid, signals, dup2,
  *      chdir, exec or request; the child's own errno and step come back through a close-on-exec
  *      pipe, the usual way);
@@ -90,10 +92,47 @@ static void answer(const char *buf, size_t len) {
   }
 }
 
-static void answerf(const char *fmt, const char *token, long value) {
-  char line[160];
-  int n = snprintf(line, sizeof line, fmt, token, value);
-  if (n > 0) answer(line, (size_t)n);
+/*
+ * The process group and start time (fields 5 and 22 of /proc/<pid>/stat) of a child, into pgid and
+ * start (a decimal string of at most cap-1 digits). The command name (field 2) may hold spaces and
+ * parentheses: fields are counted after its LAST ')'. Returns 0 on success, -1 otherwise.
+ */
+static int read_identity(pid_t pid, long *pgid, char *start, size_t cap) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n;
+  do n = read(fd, buf, sizeof buf - 1);
+  while (n < 0 && errno == EINTR);
+  close(fd);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')');
+  if (p == NULL) return -1;
+  p++;
+  /* After ") " come field 3 (state), 4, 5 (pgrp) ... 22 (starttime). */
+  for (int field = 3; field <= 22; field++) {
+    while (*p == ' ') p++;
+    char *end = p;
+    while (*end != ' ' && *end != '\0' && *end != '\n') end++;
+    if (end == p) return -1;
+    if (field == 5) {
+      char *stop;
+      *pgid = strtol(p, &stop, 10);
+      if (stop != end) return -1;
+    } else if (field == 22) {
+      size_t len = (size_t)(end - p);
+      if (len + 1 > cap) return -1;
+      for (char *q = p; q < end; q++)
+        if (*q < '0' || *q > '9') return -1;
+      memcpy(start, p, len);
+      start[len] = '\0';
+      return 0;
+    }
+    p = end;
+  }
+  return -1;
 }
 
 /* The steps a launch can fail at, as named in an E answer. */
@@ -480,8 +519,16 @@ static void launch(char *frame, uint32_t len) {
   free(envp);
   if (failure != 0)
     answer_error(token, failure, step);
-  else
-    answerf("S %s %ld\n", token, (long)pid);
+  else {
+    /* The gate has done setsid (it wrote its report pipe's end shut only after): its pgid is final. */
+    long pgid = 0;
+    char start[32];
+    char line[200];
+    int n = read_identity(pid, &pgid, start, sizeof start) == 0
+                ? snprintf(line, sizeof line, "S %s %ld %ld %s\n", token, (long)pid, pgid, start)
+                : snprintf(line, sizeof line, "S %s %ld - -\n", token, (long)pid);
+    if (n > 0) answer(line, (size_t)n);
+  }
   return;
 malformed:
   free(argv);

@@ -195,7 +195,8 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     const child = started.gate;
     child.stdin.on("error", () => undefined);
     const pid = child.pid;
-    const stat = readProcStat(pid);
+    // The native launcher read the gate's identity right after its setsid; Node's spawn did not.
+    const stat = child.stat ?? readProcStat(pid);
     if (stat === null || stat.pgid !== pid) {
       await terminateGroup(pid, { graceMs: 0 });
       throw new CairnError("internal", `the launch gate (pid ${pid}) is not the leader of its own process group or vanished before release`);

@@ -58,6 +58,11 @@ export interface GateProcess {
   readonly stdout: Socket;
   readonly stderr: Socket;
   readonly exited: Promise<GateExit>;
+  /**
+   * The gate's process group and start time (field 22 of /proc/PID/stat) as the native launcher read
+   * them right after the gate's setsid; absent from Node's spawn (the executor reads /proc then).
+   */
+  readonly stat?: { readonly pgid: number; readonly startTime: string };
 }
 
 /**
@@ -186,6 +191,8 @@ interface Pending {
   readonly program: string;
   readonly conns: (Socket | null)[];
   pid: number | null;
+  /** From the S answer: the gate's pgid and start time, when the launcher could read them. */
+  stat: { pgid: number; startTime: string } | null;
   /** Listened for from the S answer on: the X line can come before the last connection does. */
   exited: Promise<GateExit> | null;
   readonly resolve: (r: GateStart) => void;
@@ -223,7 +230,7 @@ class NativeLauncher implements GateLauncher {
         return { ok: false, error: err };
       }
     }
-    const token = randomBytes(16).toString("hex");
+    const token = this.nextToken();
     const env = Object.entries(spec.env).map(([k, v]) => `${k}=${v}`);
     // The launcher's own directory is this process's when it was started, not now: a relative cwd is
     // resolved here, against this process's current directory, as Node's spawn does.
@@ -237,10 +244,25 @@ class NativeLauncher implements GateLauncher {
 
     const running = await this.ensureRunning();
     return new Promise<GateStart>((resolve) => {
-      this.pending.set(token, { token, cwd, program: spec.argv[0] ?? "", conns: [null, null, null], pid: null, exited: null, resolve });
+      this.pending.set(token, { token, cwd, program: spec.argv[0] ?? "", conns: [null, null, null], pid: null, stat: null, exited: null, resolve });
       this.refresh();
       running.child.stdin?.write(frame);
     });
+  }
+
+  /** Random bytes for tokens, drawn 256 tokens at a time (one randomBytes call per launch cost more than the rest of the frame). */
+  private tokenPool = Buffer.alloc(0);
+  private tokenAt = 0;
+
+  /** A fresh random 128-bit token (hex), never handed out twice. */
+  private nextToken(): string {
+    if (this.tokenAt + 16 > this.tokenPool.length) {
+      this.tokenPool = randomBytes(16 * 256);
+      this.tokenAt = 0;
+    }
+    const token = this.tokenPool.toString("hex", this.tokenAt, this.tokenAt + 16);
+    this.tokenAt += 16;
+    return token;
   }
 
   private ensureRunning(): Promise<NonNullable<NativeLauncher["running"]>> {
@@ -323,12 +345,15 @@ class NativeLauncher implements GateLauncher {
   }
 
   private answer(line: string): void {
-    const [kind, a, b, step] = line.split(" ");
+    const [kind, a, b, step, start] = line.split(" ");
     if (kind === "S" && a !== undefined) {
       const p = this.pending.get(a);
       const pid = Number(b);
       if (p === undefined || !Number.isInteger(pid)) return;
       p.pid = pid;
+      // "S token pid pgid starttime" ("- -" when the launcher could not read /proc: read here then).
+      const pgid = Number(step);
+      if (Number.isInteger(pgid) && start !== undefined && /^\d+$/.test(start)) p.stat = { pgid, startTime: start };
       p.exited = this.track(pid);
       this.settle(p);
     } else if (kind === "E" && a !== undefined) {
@@ -394,7 +419,8 @@ class NativeLauncher implements GateLauncher {
     for (const c of [stdin, stdout, stderr]) c.ref();
     // As Node does for a child's stdin: once the process is gone, nothing more can be written to it.
     void p.exited.then(() => stdin.destroy());
-    p.resolve({ ok: true, gate: { pid: p.pid, stdin, stdout, stderr, exited: p.exited } });
+    const gate: GateProcess = { pid: p.pid, stdin, stdout, stderr, exited: p.exited };
+    p.resolve({ ok: true, gate: p.stat === null ? gate : { ...gate, stat: p.stat } });
     this.refresh();
   }
 

@@ -427,7 +427,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
       const r = await execa("python3", ["-c", py, path, name, tmp.dir], { reject: false, timeout: 180_000 });
       assert.equal(r.exitCode, 0, r.stderr);
       const got = JSON.parse(r.stdout) as { answer: string; out: string; exit: string };
-      assert.match(got.answer, /^S [0-9a-f]{32} \d+$/);
+      assert.match(got.answer, /^S [0-9a-f]{32} \d+ \d+ \d+$/);
       assert.equal(got.out, "ok\n");
       assert.equal(got.exit, `X ${got.answer.split(" ")[2]} 0`);
       await waitFor(() => squatted.length >= 3 && squatted.every((c) => c.closed), 120_000, "the squatter's connections to be closed");

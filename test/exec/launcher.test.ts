@@ -75,6 +75,29 @@ describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node'
     assert.equal(outcome.result, "success");
   });
 
+  test("the launcher reports the gate's identity (pgid and start time) exactly as /proc has it", async () => {
+    assert.ok(path !== null);
+    const launcher = createNativeLauncher(path);
+    // A program whose name holds spaces and parentheses: the gate's command name is the launcher's
+    // until exec, but the parse must count fields after the last ')' whatever the name.
+    const odd = join(tmp.dir, "a b) (c");
+    writeFileSync(odd, "#!/bin/sh\nexit 0\n", { mode: 0o755 });
+    for (const argv of [["true"], [odd]]) {
+      const r = await launcher.start({ argv, cwd: tmp.dir, env: { PATH: process.env["PATH"] ?? "/usr/bin:/bin" } });
+      assert.ok(r.ok, "started");
+      const gate = r.gate;
+      groups.push(gate.pid);
+      const proc = readProcStat(gate.pid);
+      assert.ok(proc !== null && gate.stat !== undefined, "the S answer carried the identity");
+      assert.deepEqual(gate.stat, { pgid: proc.pgid, startTime: proc.startTime });
+      assert.equal(gate.stat.pgid, gate.pid, "pgid = pid: read after the gate's setsid");
+      gate.stdout.resume();
+      gate.stderr.resume();
+      gate.stdin.end("go\n");
+      assert.deepEqual(await gate.exited, { code: 0, signal: null });
+    }
+  });
+
   test("64 launches at once: each gate gets its own streams and its own exit", async () => {
     const ex = createExecutor({ killGraceMs: 200 });
     const specs = Array.from({ length: 64 }, (_, i) => spec(["sh", "-c", `echo out-${i}; echo err-${i} >&2; exit ${i % 7}`]));
