@@ -32,7 +32,9 @@
  *      "E <token> <errno> <step>\n" when a step failed (step: connect, fork, setsid, signals, dup2,
  *      chdir, exec or request; the child's own errno and step come back through a close-on-exec
  *      pipe, the usual way);
- *   4. reaps every child that exits and answers "X <pid> <wait status>\n".
+ *   4. reaps every child that exits and answers "X <pid> <wait status> <empty>\n", where empty is
+ *      1 when no process of the child's process group was left at the reap (kill(-pid, 0) said
+ *      ESRCH), else 0.
  * This program never writes to a gate and never signals one: releasing, stopping and killing stay
  * with the harness, by process group.
  *
@@ -569,8 +571,12 @@ int main(int argc, char **argv) {
       int status;
       pid_t pid;
       while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        char line[64];
-        int n = snprintf(line, sizeof line, "X %ld %d\n", (long)pid, status);
+        /* Whether any process of the gate's group is left, asked now, right after the reap: 1 when
+         * none is (ESRCH; zombies count as members), so the harness need not look. Asked later, a
+         * new group could hold the pid's number by then. */
+        int empty = pid > 1 && kill(-pid, 0) < 0 && errno == ESRCH;
+        char line[80];
+        int n = snprintf(line, sizeof line, "X %ld %d %d\n", (long)pid, status, empty);
         answer(line, (size_t)n);
       }
     }

@@ -236,7 +236,10 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
       // The leader is gone; the cell's group must not outlive it (background children it left behind).
       let leftovers = "";
       if (killing !== null) await killing;
-      const left = liveGroupMembers(pid);
+      // The native launcher asked right after the reap; when it found the group empty, no process
+      // can have joined it since (only a member can add one), and a later look could only find a new
+      // group that reused the pid's number.
+      const left = child.groupEmptyAtExit?.() === true ? [] : liveGroupMembers(pid);
       if (left.length > 0) {
         const stopped = await terminateGroup(pid, { graceMs: killGraceMs });
         leftovers = stopped.empty

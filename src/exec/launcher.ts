@@ -63,6 +63,12 @@ export interface GateProcess {
    * them right after the gate's setsid; absent from Node's spawn (the executor reads /proc then).
    */
   readonly stat?: { readonly pgid: number; readonly startTime: string };
+  /**
+   * After `exited` resolved: true when the native launcher found no process of the gate's group left
+   * right after it reaped the leader (nothing is left to stop). Absent, or false, when that was not
+   * asked (Node's spawn, a lost status) or a process was left.
+   */
+  readonly groupEmptyAtExit?: () => boolean;
 }
 
 /**
@@ -195,6 +201,8 @@ interface Pending {
   stat: { pgid: number; startTime: string } | null;
   /** Listened for from the S answer on: the X line can come before the last connection does. */
   exited: Promise<GateExit> | null;
+  /** Set from the X answer: the gate's group was empty right after the reap. */
+  readonly groupEmpty: { value: boolean };
   readonly resolve: (r: GateStart) => void;
 }
 
@@ -211,7 +219,7 @@ class NativeLauncher implements GateLauncher {
   private starting: Promise<NonNullable<NativeLauncher["running"]>> | null = null;
   private readonly pending = new Map<string, Pending>();
   /** Exits awaited, by pid; set when the launcher answers S, resolved by its X. */
-  private readonly exits = new Map<number, (e: GateExit) => void>();
+  private readonly exits = new Map<number, (e: GateExit, groupEmpty: boolean) => void>();
 
   constructor(
     path: string,
@@ -244,7 +252,7 @@ class NativeLauncher implements GateLauncher {
 
     const running = await this.ensureRunning();
     return new Promise<GateStart>((resolve) => {
-      this.pending.set(token, { token, cwd, program: spec.argv[0] ?? "", conns: [null, null, null], pid: null, stat: null, exited: null, resolve });
+      this.pending.set(token, { token, cwd, program: spec.argv[0] ?? "", conns: [null, null, null], pid: null, stat: null, groupEmpty: { value: false }, exited: null, resolve });
       this.refresh();
       running.child.stdin?.write(frame);
     });
@@ -354,7 +362,7 @@ class NativeLauncher implements GateLauncher {
       // "S token pid pgid starttime" ("- -" when the launcher could not read /proc: read here then).
       const pgid = Number(step);
       if (Number.isInteger(pgid) && start !== undefined && /^\d+$/.test(start)) p.stat = { pgid, startTime: start };
-      p.exited = this.track(pid);
+      p.exited = this.track(pid, p.groupEmpty);
       this.settle(p);
     } else if (kind === "E" && a !== undefined) {
       const p = this.pending.get(a);
@@ -368,7 +376,7 @@ class NativeLauncher implements GateLauncher {
       const resolve = this.exits.get(pid);
       if (resolve === undefined) return;
       this.exits.delete(pid);
-      resolve(decodeWaitStatus(Number(b)));
+      resolve(decodeWaitStatus(Number(b)), step === "1");
       this.refresh();
     }
   }
@@ -419,13 +427,19 @@ class NativeLauncher implements GateLauncher {
     for (const c of [stdin, stdout, stderr]) c.ref();
     // As Node does for a child's stdin: once the process is gone, nothing more can be written to it.
     void p.exited.then(() => stdin.destroy());
-    const gate: GateProcess = { pid: p.pid, stdin, stdout, stderr, exited: p.exited };
+    const empty = p.groupEmpty;
+    const gate: GateProcess = { pid: p.pid, stdin, stdout, stderr, exited: p.exited, groupEmptyAtExit: () => empty.value };
     p.resolve({ ok: true, gate: p.stat === null ? gate : { ...gate, stat: p.stat } });
     this.refresh();
   }
 
-  private track(pid: number): Promise<GateExit> {
-    return new Promise<GateExit>((resolve) => this.exits.set(pid, resolve));
+  private track(pid: number, groupEmpty: { value: boolean }): Promise<GateExit> {
+    return new Promise<GateExit>((resolve) =>
+      this.exits.set(pid, (exit, empty) => {
+        groupEmpty.value = empty;
+        resolve(exit);
+      }),
+    );
   }
 
   /** The launcher is gone: fail what was not started, and follow what runs until it ends. */
@@ -453,7 +467,7 @@ class NativeLauncher implements GateLauncher {
         const now = readProcStat(pid);
         if (now === null || now.startTime !== start || now.state === "Z" || now.state === "X") {
           clearInterval(poll);
-          resolve({ code: null, signal: null, lost });
+          resolve({ code: null, signal: null, lost }, false);
         }
       }, ORPHAN_POLL_MS);
     }

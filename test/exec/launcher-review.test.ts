@@ -429,7 +429,7 @@ describe("launcher review", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node's sp
       const got = JSON.parse(r.stdout) as { answer: string; out: string; exit: string };
       assert.match(got.answer, /^S [0-9a-f]{32} \d+ \d+ \d+$/);
       assert.equal(got.out, "ok\n");
-      assert.equal(got.exit, `X ${got.answer.split(" ")[2]} 0`);
+      assert.equal(got.exit, `X ${got.answer.split(" ")[2]} 0 1`);
       await waitFor(() => squatted.length >= 3 && squatted.every((c) => c.closed), 120_000, "the squatter's connections to be closed");
       assert.deepEqual(
         squatted.map((c) => c.data),

@@ -98,6 +98,34 @@ describe("the native launcher", { skip: forcedNode ? "CAIRN_LAUNCHER=node: Node'
     }
   });
 
+  test("the exit report says whether the gate's group was empty at the reap; a group with a process left is still stopped", async () => {
+    assert.ok(path !== null);
+    const launcher = createNativeLauncher(path);
+    const run = async (argv: string[]) => {
+      const r = await launcher.start({ argv, cwd: tmp.dir, env: { PATH: process.env["PATH"] ?? "/usr/bin:/bin" } });
+      assert.ok(r.ok, "started");
+      groups.push(r.gate.pid);
+      r.gate.stdout.resume();
+      r.gate.stderr.resume();
+      r.gate.stdin.end("go\n");
+      const exit = await r.gate.exited;
+      return { pid: r.gate.pid, exit, empty: r.gate.groupEmptyAtExit?.() };
+    };
+    const alone = await run(["true"]);
+    assert.deepEqual(alone, { pid: alone.pid, exit: { code: 0, signal: null }, empty: true });
+    const left = await run(["sh", "-c", "sleep 30 </dev/null >/dev/null 2>&1 & exit 3"]);
+    assert.deepEqual(left, { pid: left.pid, exit: { code: 3, signal: null }, empty: false }, "a member was left: not reported empty");
+    assert.equal(liveGroupMembers(left.pid).length, 1, "the sleep is still in the group");
+    killGroupQuietly(left.pid);
+    // Through the executor: the leftover is found and stopped, as before.
+    const ex = createExecutor({ killGraceMs: 200, launcher });
+    const g = gated(await ex.prepare(spec(["sh", "-c", "sleep 30 </dev/null >/dev/null 2>&1 & exit 0"])));
+    g.release();
+    const outcome = await g.done;
+    assert.match(outcome.detail ?? "", /1 process\(es\) it left running in its process group were stopped/);
+    assert.deepEqual(liveGroupMembers(g.identity.pgid), []);
+  });
+
   test("64 launches at once: each gate gets its own streams and its own exit", async () => {
     const ex = createExecutor({ killGraceMs: 200 });
     const specs = Array.from({ length: 64 }, (_, i) => spec(["sh", "-c", `echo out-${i}; echo err-${i} >&2; exit ${i % 7}`]));
