@@ -31,8 +31,19 @@ export interface WatchSpec {
 /** Cancelling a watcher on a silent member never waits longer than this. */
 const CANCEL_BOUND_MS = 1000;
 
+/**
+ * Cancels `w` in the background, waiting at most CANCEL_BOUND_MS for its member. A cancel its member
+ * does not answer leaves the watcher attached in etcd3's watch manager; closing the client empties
+ * the manager (router.ts closeEtcdClient).
+ */
+function cancelBounded(w: Watcher): void {
+  void withTimeout(w.cancel(), CANCEL_BOUND_MS, () => new Error("cancel timed out")).catch(() => undefined);
+}
+
 export class ResilientWatch {
   private watcher: Watcher | null = null;
+  /** The stream being created (not yet connected), cancelled too when the watch is. */
+  private attempt: Watcher | null = null;
   private member: Member | null = null;
   private timer: NodeJS.Timeout | null = null;
   private closed = false;
@@ -64,6 +75,7 @@ export class ResilientWatch {
       if (startRevision !== null) builder = builder.startRevision(startRevision);
       if (this.spec.onlyPut) builder = builder.only("put");
       const w = builder.watcher();
+      this.attempt = w;
       try {
         await withTimeout(
           new Promise<void>((resolve, reject) => {
@@ -77,23 +89,31 @@ export class ResilientWatch {
         last = err;
         this.ctx.router.penalize(member);
         exclude = member;
-        void withTimeout(w.cancel(), CANCEL_BOUND_MS, () => new Error("cancel timed out")).catch(() => undefined);
+        if (!this.closed) cancelBounded(w); // else cancel() has cancelled it
         continue;
+      } finally {
+        this.attempt = null;
       }
-      if (this.closed) {
-        void withTimeout(w.cancel(), CANCEL_BOUND_MS, () => new Error("cancel timed out")).catch(() => undefined);
-        return;
-      }
+      if (this.closed) return; // cancel() has cancelled it (it was the attempt then)
       w.on("put", (kv) => this.spec.onPut(kv));
       if (this.spec.onDelete) w.on("delete", (kv) => this.spec.onDelete!(kv));
-      w.on("error", (err: Error) => void this.move(`the stream failed (${err.message})`));
-      w.on("disconnected", () => void this.move("the stream was disconnected"));
+      // Only the current stream moves the watch: a dropped one still attached may report later.
+      w.on("error", (err: Error) => void (this.watcher === w && this.move(`the stream failed (${err.message})`)));
+      w.on("disconnected", () => void (this.watcher === w && this.move("the stream was disconnected")));
+      this.dropWatcher();
       this.watcher = w;
       this.member = member;
       return;
     }
     if (this.closed) return;
     throw last ?? new GRPCDeadlineExceededError(`no etcd member created the ${this.spec.what} watch`);
+  }
+
+  /** Cancels the current stream without waiting for its member (bounded); the next one replaces it. */
+  private dropWatcher(): void {
+    const w = this.watcher;
+    this.watcher = null;
+    if (w !== null) cancelBounded(w);
   }
 
   /** Re-creates the stream on another member, then runs the recheck. Never throws; retries while open. */
@@ -103,13 +123,16 @@ export class ResilientWatch {
       const old = this.watcher;
       this.watcher = null;
       this.ctx.log.warn({ watch: this.spec.what, member: this.member?.url, why }, "etcd watch moved to another member");
-      if (old !== null) void withTimeout(old.cancel(), CANCEL_BOUND_MS, () => new Error("cancel timed out")).catch(() => undefined);
+      if (old !== null) cancelBounded(old);
       while (!this.closed) {
         try {
           await this.establish(null);
           await this.spec.recheck();
           return;
         } catch (err) {
+          // The stream may have been created and only the recheck failed (a read during a quorum
+          // loss): it is dropped before the next one is created, not left attached beside it.
+          this.dropWatcher();
           this.ctx.log.warn({ watch: this.spec.what, err: (err as Error).message }, "etcd watch could not be re-created yet; retrying");
           await new Promise((r) => setTimeout(r, 500).unref());
         }
@@ -125,6 +148,9 @@ export class ResilientWatch {
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
+    // A stream still being created (a move in progress) is cancelled now, not when its creation
+    // ends: the client may be closed before then (router.ts closeEtcdClient empties it anyway).
+    if (this.attempt !== null) cancelBounded(this.attempt);
     const w = this.watcher;
     this.watcher = null;
     if (w !== null) await withTimeout(w.cancel(), CANCEL_BOUND_MS, () => new Error("cancel timed out")).catch(() => undefined);
