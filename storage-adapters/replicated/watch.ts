@@ -127,6 +127,7 @@ export class ResilientWatch {
       while (!this.closed) {
         try {
           await this.establish(null);
+          if (this.closed) return; // cancelled while the stream was being created: nothing to recheck
           await this.spec.recheck();
           return;
         } catch (err) {
