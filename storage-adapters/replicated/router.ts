@@ -186,6 +186,8 @@ export class Router {
 /** The part of etcd3's (1.1.x) internal WatchManager that closeEtcdClient touches. */
 interface WatchManagerInternals {
   state: number;
+  handleResponse: (res: unknown) => void;
+  handleCreatedResponse: (res: unknown) => void;
   watchers: unknown[];
   expectedClosers: Set<{ emit(event: "end"): boolean }>;
   stream?: { cancel(): void };
@@ -194,6 +196,7 @@ interface WatchManagerInternals {
 function watchManagerOf(client: Etcd3): WatchManagerInternals | null {
   const wm = (client as unknown as { watchManager?: Partial<WatchManagerInternals> }).watchManager;
   if (wm === undefined || !Array.isArray(wm.watchers) || !(wm.expectedClosers instanceof Set) || typeof wm.state !== "number") return null;
+  if (typeof wm.handleResponse !== "function" || typeof wm.handleCreatedResponse !== "function") return null;
   return wm as WatchManagerInternals;
 }
 
@@ -213,6 +216,11 @@ function watchManagerOf(client: Etcd3): WatchManagerInternals | null {
 export function closeEtcdClient(client: Etcd3): void {
   const wm = watchManagerOf(client);
   if (wm !== null) {
+    // A reply already being decoded is still delivered after the cancel below (grpc-js), and the
+    // manager throws on a reply for a watcher it no longer has (an unhandled rejection): from here
+    // on, replies are dropped.
+    wm.handleResponse = () => undefined;
+    wm.handleCreatedResponse = () => undefined;
     wm.watchers = [];
     const closers = [...wm.expectedClosers];
     wm.expectedClosers.clear();

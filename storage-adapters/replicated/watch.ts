@@ -57,6 +57,7 @@ export class ResilientWatch {
   /** Creates the first stream (bounded by the request deadline) and starts watching the member's health. */
   async start(): Promise<void> {
     await this.establish(this.spec.startRevision);
+    if (this.closed) return;
     this.timer = setInterval(() => {
       if (this.member !== null && this.ctx.health.member(this.member.url) === false) void this.move("its member stopped answering with a leader");
     }, Math.max(200, Math.min(1000, this.ctx.opts.healthIntervalMs)));
@@ -152,6 +153,7 @@ export class ResilientWatch {
     // A stream still being created (a move in progress) is cancelled now, not when its creation
     // ends: the client may be closed before then (router.ts closeEtcdClient empties it anyway).
     if (this.attempt !== null) cancelBounded(this.attempt);
+    this.attempt = null;
     const w = this.watcher;
     this.watcher = null;
     if (w !== null) await withTimeout(w.cancel(), CANCEL_BOUND_MS, () => new Error("cancel timed out")).catch(() => undefined);

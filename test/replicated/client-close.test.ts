@@ -37,6 +37,7 @@ import { createInterface } from "node:readline";
 const { memberClientOptions, closeEtcdClient } = await import(${JSON.stringify(ROUTER)});
 const client = new Etcd3({ ...memberClientOptions({}), hosts: [process.argv[1]] });
 const w = await client.watch().key("client-close").create();
+w.on("disconnected", () => console.log("disconnected"));
 console.log("watching");
 const rl = createInterface({ input: process.stdin });
 rl.once("line", () => {
@@ -57,13 +58,18 @@ interface Ended {
   readonly afterClose: number;
 }
 
-/** Runs a child; `ready` is called once it watches, and must make it close (by writing a line). */
-function run(src: string, endpoint: string, ready: (stdin: NodeJS.WritableStream) => Promise<void>): Promise<Ended> {
+/**
+ * Runs a child; `ready` is called once it watches, and must make it close (by writing a line).
+ * `disconnected` resolves when the child's watcher reports its stream lost.
+ */
+function run(src: string, endpoint: string, ready: (stdin: NodeJS.WritableStream, disconnected: Promise<void>) => Promise<void>): Promise<Ended> {
   const c = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", src, endpoint], {
     cwd: new URL("../..", import.meta.url).pathname,
     stdio: ["pipe", "pipe", "inherit"],
   });
   const lines: string[] = [];
+  let lost!: () => void;
+  const disconnected = new Promise<void>((r) => (lost = r));
   let closedAt = 0;
   let killed = false;
   let timer = setTimeout(() => {
@@ -72,8 +78,9 @@ function run(src: string, endpoint: string, ready: (stdin: NodeJS.WritableStream
   }, 60_000);
   return new Promise((resolve, reject) => {
     createInterface({ input: c.stdout! }).on("line", (l) => {
+      if (l === "disconnected") return lost();
       lines.push(l);
-      if (l === "watching") ready(c.stdin!).catch(reject);
+      if (l === "watching") ready(c.stdin!, disconnected).catch(reject);
       if (l === "closed") {
         closedAt = Date.now();
         clearTimeout(timer);
@@ -122,11 +129,12 @@ describe("closing an etcd client with watches in any state, and watches that lea
   it("a watcher whose stream failed (its member killed): the reconnect loop on the closed channel stops at close", async () => {
     const c = cluster();
     try {
-      const r = await run(script(false, false), c.endpoints[2]!, async (stdin) => {
+      const r = await run(script(false, false), c.endpoints[2]!, async (stdin, disconnected) => {
         await c.kill(2);
-        // The stream fails at once (connection reset); the watch manager is then in its reconnect
-        // loop (100 ms, doubling to 1 s: router.ts) when the client is closed.
-        await new Promise((res) => setTimeout(res, 1500));
+        // The stream fails at once (connection reset); once the child's watcher says so, the watch
+        // manager is in its reconnect loop (100 ms, doubling to 1 s: router.ts) on a dead member.
+        await disconnected;
+        await new Promise((res) => setTimeout(res, 500));
         stdin.write("close\n");
       });
       assert.deepEqual(r.lines, ["watching", "closed"]);
@@ -191,6 +199,7 @@ describe("closing an etcd client with watches in any state, and watches that lea
       router.close();
     }
   });
+
 });
 
 exitAfterTests("test/replicated/client-close.test.ts");
