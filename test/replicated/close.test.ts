@@ -71,7 +71,7 @@ describe("review: close during and after a quorum loss", () => {
     try {
       await next.resume();
       for (const id of next.sessions()) {
-        const outcome = await Promise.race([next.wait(id), new Promise<never>((_, r) => setTimeout(() => r(new Error("resumed run hangs")), 90_000))]);
+        const outcome = await bounded(next.wait(id), "the resumed run", 90_000);
         assert.equal(outcome.result, "success", outcome.reason);
       }
     } finally {
