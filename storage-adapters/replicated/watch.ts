@@ -32,12 +32,15 @@ export interface WatchSpec {
 const CANCEL_BOUND_MS = 1000;
 
 /**
- * Cancels `w` in the background, waiting at most CANCEL_BOUND_MS for its member. A cancel its member
- * does not answer leaves the watcher attached in etcd3's watch manager; closing the client empties
- * the manager (router.ts closeEtcdClient).
+ * Cancels `w`, waiting at most CANCEL_BOUND_MS for its member; never rejects. Callers that need not
+ * wait drop the promise. A cancel its member does not answer leaves the watcher attached in etcd3's
+ * watch manager; closing the client empties the manager (router.ts closeEtcdClient).
  */
-function cancelBounded(w: Watcher): void {
-  void withTimeout(w.cancel(), CANCEL_BOUND_MS, () => new Error("cancel timed out")).catch(() => undefined);
+function cancelBounded(w: Watcher): Promise<void> {
+  return withTimeout(w.cancel(), CANCEL_BOUND_MS, () => new Error("cancel timed out")).then(
+    () => undefined,
+    () => undefined,
+  );
 }
 
 export class ResilientWatch {
@@ -90,7 +93,7 @@ export class ResilientWatch {
         last = err;
         this.ctx.router.penalize(member);
         exclude = member;
-        if (!this.closed) cancelBounded(w); // else cancel() has cancelled it
+        if (!this.closed) void cancelBounded(w); // else cancel() has cancelled it
         continue;
       } finally {
         this.attempt = null;
@@ -114,7 +117,7 @@ export class ResilientWatch {
   private dropWatcher(): void {
     const w = this.watcher;
     this.watcher = null;
-    if (w !== null) cancelBounded(w);
+    if (w !== null) void cancelBounded(w);
   }
 
   /** Re-creates the stream on another member, then runs the recheck. Never throws; retries while open. */
@@ -124,7 +127,7 @@ export class ResilientWatch {
       const old = this.watcher;
       this.watcher = null;
       this.ctx.log.warn({ watch: this.spec.what, member: this.member?.url, why }, "etcd watch moved to another member");
-      if (old !== null) cancelBounded(old);
+      if (old !== null) void cancelBounded(old);
       while (!this.closed) {
         try {
           await this.establish(null);
@@ -152,10 +155,10 @@ export class ResilientWatch {
     this.timer = null;
     // A stream still being created (a move in progress) is cancelled now, not when its creation
     // ends: the client may be closed before then (router.ts closeEtcdClient empties it anyway).
-    if (this.attempt !== null) cancelBounded(this.attempt);
+    if (this.attempt !== null) void cancelBounded(this.attempt);
     this.attempt = null;
     const w = this.watcher;
     this.watcher = null;
-    if (w !== null) await withTimeout(w.cancel(), CANCEL_BOUND_MS, () => new Error("cancel timed out")).catch(() => undefined);
+    if (w !== null) await cancelBounded(w);
   }
 }
