@@ -49,6 +49,8 @@ const problem = dockerProblem();
 if ((process.env.CI || process.env.CAIRN_REQUIRE_DOCKER) && problem !== null) throw new Error(`the container drill cannot run in CI: ${problem}`);
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** A deadline raced against a job's exit: its timer must not keep this file's process alive once the tests are done. */
+const deadline = (ms: number) => new Promise<void>((r) => setTimeout(r, ms).unref());
 const docker = (...args: string[]) => execFileSync("docker", args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: 120_000 }).trim();
 const ZONES = ["a", "b", "c"] as const;
 const DB = "drill";
@@ -224,7 +226,7 @@ describe("container drill: machines and zones as containers, the test as the sch
           docker("pause", etcds[0]!.getId());
           count("zone-pause");
         }
-        const code = await Promise.race([oldJob.exited, sleep(180_000).then(() => "still running" as const)]);
+        const code = await Promise.race([oldJob.exited, deadline(180_000).then(() => "still running" as const)]);
         oldExits.push(`${kind}: ${code}`);
         if (kind === "kill") assert.notEqual(code, 0, "the job on the killed machine did not end normally");
         else assert.ok(code === 3 || code === 4, `the job on the machine that came back after a ${kind} must stop (fenced: exit 3, or 4 when its storage call failed first), not go on; got ${code}\n${oldJob.out}`);
@@ -235,7 +237,7 @@ describe("container drill: machines and zones as containers, the test as the sch
         owner = other;
       }
       finish = true;
-      const last = await Promise.race([job.exited, sleep(240_000).then(() => "still running" as const)]);
+      const last = await Promise.race([job.exited, deadline(240_000).then(() => "still running" as const)]);
       assert.equal(last, 0, `the job ends with the run's success: ${job.out}`);
 
       const final = await readLog();
