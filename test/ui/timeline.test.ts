@@ -20,13 +20,17 @@ import type { LogEvent } from "../../src/state/events.js";
 const t = tempDir("cairn-timeline-");
 after(() => t.cleanup());
 
-/** Round 1: a refused patch, then a good one. Round 2: a lost response, then the conclusion. */
-function trickyModel(): Model {
+/**
+ * Round 1: a refused patch, then a good one. Round 2: a lost response, then the conclusion. While
+ * `hold.until` is set, round 2 waits for it: a test that must see the run in progress holds it there.
+ */
+function trickyModel(hold: { until: Promise<void> | null } = { until: null }): Model {
   return {
     name: "tricky",
     async step(req: ModelRequest): Promise<ModelReply> {
       const usage = { input_tokens: 100, output_tokens: 10 };
       const rev = req.state.revision;
+      if (rev === 1 && hold.until !== null) await hold.until;
       if (rev === 0 && req.attempt === 1) return { patch: [{ op: "test", path: "/revision", value: 7 }], usage };
       if (rev === 0) return { patch: adds(0, 1, [cmd("sh", "-c", "echo hello; echo oops >&2")]), usage };
       if (rev === 1 && req.attempt === 1) throw new ModelError("transport", "connection reset by the test", { retryable: true, usage: null });
@@ -110,7 +114,8 @@ async function readStream(url: string, init: RequestInit, done: (events: { event
 describe("the page next to /metrics", () => {
   it("serves /, the timeline and a live stream on the same port as /metrics, read-only, behind a token", async () => {
     const storage = createMemoryStorage();
-    const h = await Harness.open({ storage, name: "web", model: trickyModel(), workDir: t.dir });
+    const hold: { until: Promise<void> | null } = { until: null };
+    const h = await Harness.open({ storage, name: "web", model: trickyModel(hold), workDir: t.dir });
     const page = createTimelineHandler({ storage, databases: async () => ["web"], token: "tok", pollMs: 20 });
     const server = await startObservabilityServer({ listen: "127.0.0.1:0", metrics: new Metrics({ adapter: "memory" }), ready: () => ({ ready: true, reason: "ok" }), routes: page });
     try {
@@ -140,13 +145,18 @@ describe("the page next to /metrics", () => {
       assert.match(await (await fetch(`${server.url}/api/output?db=web&session=s1&cell=1`, auth)).text(), /hello/);
       assert.match(await (await fetch(`${server.url}/api/patch?db=web&session=s1&round=1`, auth)).text(), /"\/cells\/-"/);
 
-      // The stream: the snapshot first, then updates as a second run commits.
+      // The stream: the snapshot first, then updates as a second run commits. The second run's round
+      // 2 waits until an update showed the run in progress: a run that ended within one poll of the
+      // stream would give one update only (seen once in a full run).
       let started = false;
+      let inProgressSeen = (): void => undefined;
+      hold.until = new Promise<void>((resolve) => (inProgressSeen = resolve));
       const events = await readStream(`${server.url}/api/stream?db=web`, auth, (ev) => {
         if (!started && ev.length >= 1) {
           started = true;
           void h.start({ goal: "second run", cwd: t.dir });
         }
+        if (ev.some((e) => e.event === "update" && (e.data as { sessions: { id: string }[] }).sessions.some((s) => s.id === "s2"))) inProgressSeen();
         return ev.some((e) => e.event === "update" && (e.data as { sessions: { id: string; header: { status: string } }[] }).sessions.some((s) => s.id === "s2" && s.header.status === "success"));
       });
       assert.equal(events[0]!.event, "snapshot");
