@@ -27,19 +27,24 @@
  * - resume: Harness.open + resume() of databases of 10k, 100k and 1M events after a snapshot
  *   (sqlite; replicated with an empty data dir, the rebuild of the local copy included), beside the
  *   read + fold of the whole log without a snapshot; and etcd's database size after compaction and
- *   defragmentation, after the first 10k events and at the end.
+ *   defragmentation, after the first 10k events and at the end;
+ * - for one session, the harness CPU of several 100-round runs of the same owner (CAIRN_BENCH_REPEAT,
+ *   default 5, the table's run included): the median, the lowest and the highest, and beside each
+ *   run the main thread's GC pauses per round (V8's `gc` performance entries). One run's figure moves
+ *   by a millisecond or more between runs on a shared 2-core machine, so one run says little.
  *
  * Run: node --import tsx bench/rounds.ts [rounds=100]. Env: CAIRN_BENCH_RESUME_SIZES (comma list,
  * default 10000,100000,1000000), CAIRN_BENCH_ADAPTERS (default sqlite,replicated),
  * CAIRN_BENCH_SESSIONS (default 1,8,64; empty skips the rounds), CAIRN_BENCH_RESUME_SHAPES (default
- * output,rounds), CAIRN_BENCH_WARMUP (default 3000). Prints numbers; asserts nothing.
+ * output,rounds), CAIRN_BENCH_WARMUP (default 3000), CAIRN_BENCH_REPEAT (default 5; 1: no repeats).
+ * Prints numbers; asserts nothing.
  */
 import { spawn, execFile } from "node:child_process";
 import { mkdtempSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { performance } from "node:perf_hooks";
+import { PerformanceObserver, performance } from "node:perf_hooks";
 import { pathToFileURL } from "node:url";
 import BetterSqlite3 from "better-sqlite3";
 import { Harness } from "../src/harness/harness.js";
@@ -145,12 +150,30 @@ interface RoundStats {
   readonly machine: CpuBreakdown | null;
   /** Rounds in the run, all sessions together (to divide `machine` by). */
   readonly rounds: number;
+  /** The main thread's GC pauses per round (V8's `gc` performance entries); part of mainCpuMsPerRound. */
+  readonly gcMsPerRound: number;
+}
+
+/** Main-thread GC pauses so far in this process (ms), from V8's `gc` performance entries; observed from the first call on. */
+let gcPauseMs = 0;
+let gcObserver: PerformanceObserver | null = null;
+function gcPausesSoFar(): number {
+  if (gcObserver === null) {
+    gcObserver = new PerformanceObserver((list) => {
+      for (const e of list.getEntries()) gcPauseMs += e.duration;
+    });
+    gcObserver.observe({ entryTypes: ["gc"] });
+  }
+  // Entries not delivered yet are taken now (and so not delivered to the callback again).
+  for (const e of gcObserver.takeRecords()) gcPauseMs += e.duration;
+  return gcPauseMs;
 }
 
 /** The floor: `sessions` loops at once, each doing `rounds` x (3 raw commits + spawn of `true`). */
 async function floor(backend: Backend, sessions: number, rounds: number): Promise<RoundStats> {
   const window = startCpuWindow(await hz());
   const main0 = mainThreadTicks();
+  const gc0 = gcPausesSoFar();
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
   await Promise.all(
@@ -164,9 +187,10 @@ async function floor(backend: Backend, sessions: number, rounds: number): Promis
   const ms = performance.now() - t0;
   const cpu = process.cpuUsage(cpu0);
   const main = ((mainThreadTicks() - main0) * 1000) / (await hz());
+  const gc = gcPausesSoFar() - gc0;
   const machine = window();
   const total = sessions * rounds;
-  return { msPerRound: ms / rounds, roundsPerSecond: (total * 1000) / ms, commitsPerRound: 3, writesPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total };
+  return { msPerRound: ms / rounds, roundsPerSecond: (total * 1000) / ms, commitsPerRound: 3, writesPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total, gcMsPerRound: gc / total };
 }
 
 /**
@@ -207,6 +231,7 @@ async function openOwner(backend: Backend, dir: string, tag: string): Promise<Ow
       const txns0 = durableWrites(db);
       const window = startCpuWindow(await hz());
       const main0 = mainThreadTicks();
+      const gc0 = gcPausesSoFar();
       const cpu0 = process.cpuUsage();
       const t0 = performance.now();
       const ids = await Promise.all(Array.from({ length: sessions }, () => h.start({ goal: "loop", cwd, budgets: { max_rounds: rounds + 5 } })));
@@ -214,10 +239,11 @@ async function openOwner(backend: Backend, dir: string, tag: string): Promise<Ow
       const ms = performance.now() - t0;
       const cpu = process.cpuUsage(cpu0);
       const main = ((mainThreadTicks() - main0) * 1000) / (await hz());
+      const gc = gcPausesSoFar() - gc0;
       const machine = window();
       for (const o of outcomes) if (o.result !== "success") throw new Error(`bench run ${o.session} ended ${o.result}: ${o.reason}`);
       const total = sessions * (rounds + 1);
-      return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: (commits - commits0) / total, writesPerRound: Number.isNaN(txns0) ? (commits - commits0) / total : (durableWrites(db) - txns0) / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total };
+      return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: (commits - commits0) / total, writesPerRound: Number.isNaN(txns0) ? (commits - commits0) / total : (durableWrites(db) - txns0) / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total, gcMsPerRound: gc / total };
     },
     async close() {
       try {
@@ -241,6 +267,14 @@ function mainThreadTicks(): number {
 /** Clock ticks per second of /proc's times (asked once, when first needed; 100 when getconf fails). */
 let ticksPerSecond: Promise<number> | null = null;
 const hz = (): Promise<number> => (ticksPerSecond ??= clockTicksPerSecond().catch(() => 100));
+
+/** One-session runs measured for the median (CAIRN_BENCH_REPEAT, default 5, the table's included; 1: only the table's). */
+function repeatRuns(): number {
+  const raw = process.env["CAIRN_BENCH_REPEAT"] ?? "5";
+  const n = Number(raw);
+  if (!Number.isSafeInteger(n) || n < 1) throw new Error(`CAIRN_BENCH_REPEAT must be a whole number of runs, 1 or more, got "${raw}".`);
+  return n;
+}
 
 /** Rounds of the one-session warm-up run (CAIRN_BENCH_WARMUP, default 3000; 0: none). */
 function warmupRounds(): number {
@@ -270,8 +304,12 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
   // rounds was 2.36 s, 0.66, 0.90, 0.31, 0.25, 0.42, 0.16, 0.09 (4,000 rounds, --trace-opt): it
   // falls under 1 ms per round only after about 3,000 rounds.
   const warm = warmupRounds();
+  repeatRuns(); // a bad value is refused before anything runs
+  gcPausesSoFar(); // observing from here on
   const owner = await openOwner(backend, dir, "owner");
   const machineRows: string[] = [];
+  /** The one-session runs: the table's, then the repeats. */
+  const oneSession: RoundStats[] = [];
   let cores = 0;
   try {
     if (warm > 0) {
@@ -280,15 +318,26 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
       await floor(backend, 1, Math.max(1, Math.floor(warm / 6)));
     }
     console.log(`(one owner, one Harness open through the section: unmeasured warm-up sessions first (CAIRN_BENCH_WARMUP=${warm}): ${warm} rounds of one session, ${Math.max(1, Math.floor(warm / 10))} rounds of 8, ${Math.max(1, Math.floor(warm / 6))} floor rounds; the cell launcher started, the hot code compiled)`);
-    console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  durable writes  harness CPU ms/round  floor CPU ms/round  main thread: harness  floor");
+    console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  durable writes  harness CPU ms/round  floor CPU ms/round  main thread: harness  floor  of which GC pauses");
     for (const sessions of sessionCounts) {
       const f = await floor(backend, sessions, sessions >= 64 ? Math.max(10, Math.floor(rounds / 4)) : rounds);
       const h = await owner.run(sessions, rounds);
       console.log(
-        `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.writesPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)}`,
+        `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.writesPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)} ${fmt(h.gcMsPerRound).padStart(18)}`,
       );
+      if (sessions === 1) oneSession.push(h);
       machineRows.push(machineRow(sessions, "harness", h), machineRow(sessions, "floor", f));
       cores = h.machine?.cores ?? cores;
+    }
+    if (oneSession.length > 0) {
+      const repeat = repeatRuns();
+      while (oneSession.length < repeat) oneSession.push(await owner.run(1, rounds));
+      const cpu = oneSession.map((r) => r.cpuMsPerRound).sort((a, b) => a - b);
+      const median = cpu.length % 2 === 1 ? cpu[(cpu.length - 1) / 2]! : (cpu[cpu.length / 2 - 1]! + cpu[cpu.length / 2]!) / 2;
+      console.log(
+        `one session, harness CPU ms/round in ${oneSession.length} runs of ${rounds} rounds (the table's first, CAIRN_BENCH_REPEAT=${repeat}): median ${fmt(median)}, lowest ${fmt(cpu[0]!)}, highest ${fmt(cpu[cpu.length - 1]!)}; ` +
+          `each run, harness CPU (main thread, of which GC pauses): ${oneSession.map((r) => `${fmt(r.cpuMsPerRound)} (${fmt(r.mainCpuMsPerRound)}, ${fmt(r.gcMsPerRound)})`).join(", ")}`,
+      );
     }
   } finally {
     await owner.close();
