@@ -28,10 +28,11 @@
  *   (sqlite; replicated with an empty data dir, the rebuild of the local copy included), beside the
  *   read + fold of the whole log without a snapshot; and etcd's database size after compaction and
  *   defragmentation, after the first 10k events and at the end;
- * - for one session, the harness CPU of several 100-round runs of the same owner (CAIRN_BENCH_REPEAT,
- *   default 5, the table's run included): the median, the lowest and the highest, and beside each
- *   run the main thread's GC pauses per round (V8's `gc` performance entries). One run's figure moves
- *   by a millisecond or more between runs on a shared 2-core machine, so one run says little.
+ * - for one session, the harness CPU of several runs of the same owner, each as long as the table's
+ *   (CAIRN_BENCH_REPEAT, default 5, the table's run included; the others follow the last row of the
+ *   table): the median, the lowest and the highest, and beside each run its main thread's CPU and
+ *   the wall time of its GC pauses per round (V8's `gc` performance entries). One run's figure
+ *   moves by a millisecond or more between runs on a shared 2-core machine.
  *
  * Run: node --import tsx bench/rounds.ts [rounds=100]. Env: CAIRN_BENCH_RESUME_SIZES (comma list,
  * default 10000,100000,1000000), CAIRN_BENCH_ADAPTERS (default sqlite,replicated),
@@ -150,11 +151,15 @@ interface RoundStats {
   readonly machine: CpuBreakdown | null;
   /** Rounds in the run, all sessions together (to divide `machine` by). */
   readonly rounds: number;
-  /** The main thread's GC pauses per round (V8's `gc` performance entries); part of mainCpuMsPerRound. */
+  /** The wall time of the main thread's GC pauses per round (V8's `gc` performance entries): not CPU (a pause can wait for helper threads, or for the core). */
   readonly gcMsPerRound: number;
 }
 
-/** Main-thread GC pauses so far in this process (ms), from V8's `gc` performance entries; observed from the first call on. */
+/**
+ * The wall time of the main thread's GC pauses so far in this process (ms), from V8's `gc` performance
+ * entries; observed from the first call on. Node queues an entry in a setImmediate after its GC, so
+ * callers let one pass first (`gcPausesNow`), or a GC at a run's end would count in the next run.
+ */
 let gcPauseMs = 0;
 let gcObserver: PerformanceObserver | null = null;
 function gcPausesSoFar(): number {
@@ -169,11 +174,17 @@ function gcPausesSoFar(): number {
   return gcPauseMs;
 }
 
+/** {@link gcPausesSoFar} once the entries of GCs that already happened are queued. */
+async function gcPausesNow(): Promise<number> {
+  await new Promise<void>((resolve) => setImmediate(resolve));
+  return gcPausesSoFar();
+}
+
 /** The floor: `sessions` loops at once, each doing `rounds` x (3 raw commits + spawn of `true`). */
 async function floor(backend: Backend, sessions: number, rounds: number): Promise<RoundStats> {
   const window = startCpuWindow(await hz());
   const main0 = mainThreadTicks();
-  const gc0 = gcPausesSoFar();
+  const gc0 = await gcPausesNow();
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
   await Promise.all(
@@ -187,7 +198,7 @@ async function floor(backend: Backend, sessions: number, rounds: number): Promis
   const ms = performance.now() - t0;
   const cpu = process.cpuUsage(cpu0);
   const main = ((mainThreadTicks() - main0) * 1000) / (await hz());
-  const gc = gcPausesSoFar() - gc0;
+  const gc = (await gcPausesNow()) - gc0;
   const machine = window();
   const total = sessions * rounds;
   return { msPerRound: ms / rounds, roundsPerSecond: (total * 1000) / ms, commitsPerRound: 3, writesPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total, gcMsPerRound: gc / total };
@@ -231,7 +242,7 @@ async function openOwner(backend: Backend, dir: string, tag: string): Promise<Ow
       const txns0 = durableWrites(db);
       const window = startCpuWindow(await hz());
       const main0 = mainThreadTicks();
-      const gc0 = gcPausesSoFar();
+      const gc0 = await gcPausesNow();
       const cpu0 = process.cpuUsage();
       const t0 = performance.now();
       const ids = await Promise.all(Array.from({ length: sessions }, () => h.start({ goal: "loop", cwd, budgets: { max_rounds: rounds + 5 } })));
@@ -239,7 +250,7 @@ async function openOwner(backend: Backend, dir: string, tag: string): Promise<Ow
       const ms = performance.now() - t0;
       const cpu = process.cpuUsage(cpu0);
       const main = ((mainThreadTicks() - main0) * 1000) / (await hz());
-      const gc = gcPausesSoFar() - gc0;
+      const gc = (await gcPausesNow()) - gc0;
       const machine = window();
       for (const o of outcomes) if (o.result !== "success") throw new Error(`bench run ${o.session} ended ${o.result}: ${o.reason}`);
       const total = sessions * (rounds + 1);
@@ -270,7 +281,8 @@ const hz = (): Promise<number> => (ticksPerSecond ??= clockTicksPerSecond().catc
 
 /** One-session runs measured for the median (CAIRN_BENCH_REPEAT, default 5, the table's included; 1: only the table's). */
 function repeatRuns(): number {
-  const raw = process.env["CAIRN_BENCH_REPEAT"] ?? "5";
+  const raw = process.env["CAIRN_BENCH_REPEAT"];
+  if (raw === undefined || raw === "") return 5;
   const n = Number(raw);
   if (!Number.isSafeInteger(n) || n < 1) throw new Error(`CAIRN_BENCH_REPEAT must be a whole number of runs, 1 or more, got "${raw}".`);
   return n;
@@ -318,12 +330,12 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
       await floor(backend, 1, Math.max(1, Math.floor(warm / 6)));
     }
     console.log(`(one owner, one Harness open through the section: unmeasured warm-up sessions first (CAIRN_BENCH_WARMUP=${warm}): ${warm} rounds of one session, ${Math.max(1, Math.floor(warm / 10))} rounds of 8, ${Math.max(1, Math.floor(warm / 6))} floor rounds; the cell launcher started, the hot code compiled)`);
-    console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  durable writes  harness CPU ms/round  floor CPU ms/round  main thread: harness  floor  of which GC pauses");
+    console.log("sessions   ms/round  floor ms  ratio   rounds/s  floor r/s  ratio   commits/round  durable writes  harness CPU ms/round  floor CPU ms/round  main thread: harness  floor  harness GC pauses (wall)");
     for (const sessions of sessionCounts) {
       const f = await floor(backend, sessions, sessions >= 64 ? Math.max(10, Math.floor(rounds / 4)) : rounds);
       const h = await owner.run(sessions, rounds);
       console.log(
-        `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.writesPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)} ${fmt(h.gcMsPerRound).padStart(18)}`,
+        `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.writesPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)} ${fmt(h.gcMsPerRound).padStart(26)}`,
       );
       if (sessions === 1) oneSession.push(h);
       machineRows.push(machineRow(sessions, "harness", h), machineRow(sessions, "floor", f));
@@ -336,7 +348,7 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
       const median = cpu.length % 2 === 1 ? cpu[(cpu.length - 1) / 2]! : (cpu[cpu.length / 2 - 1]! + cpu[cpu.length / 2]!) / 2;
       console.log(
         `one session, harness CPU ms/round in ${oneSession.length} runs of ${rounds} rounds (the table's first, CAIRN_BENCH_REPEAT=${repeat}): median ${fmt(median)}, lowest ${fmt(cpu[0]!)}, highest ${fmt(cpu[cpu.length - 1]!)}; ` +
-          `each run, harness CPU (main thread, of which GC pauses): ${oneSession.map((r) => `${fmt(r.cpuMsPerRound)} (${fmt(r.mainCpuMsPerRound)}, ${fmt(r.gcMsPerRound)})`).join(", ")}`,
+          `each run, harness CPU (its main thread's CPU; the wall time of its GC pauses): ${oneSession.map((r) => `${fmt(r.cpuMsPerRound)} (${fmt(r.mainCpuMsPerRound)}, ${fmt(r.gcMsPerRound)})`).join(", ")}`,
       );
     }
   } finally {

@@ -28,10 +28,10 @@ import { drillImages } from "./drill/image.js";
 import { startFakeOpenAI, type FakeOpenAI } from "./support/fake-openai.js";
 import { exitAfterTests } from "../test/support/exit.js";
 
-// Something of the Docker client (testcontainers/dockerode) or the image build keeps this process's
-// event loop alive after every test has ended and every container, network and connection was
-// closed: seen on a fresh clone, where the file's process never exited and the suite waited on it.
-// Once the tests are done, the process is ended if it has not ended by itself (exitAfterTests, at the end of this file).
+// Once the tests are done, the process is ended if it has not ended by itself (exitAfterTests, at the
+// end of this file): a fresh clone once saw this file's process never exit. Until December 6 every
+// run ended through that backstop, held by this file's own "still running" deadline timers (now
+// unref'd, see `raceDeadline`); it has ended by itself since.
 
 process.env.TESTCONTAINERS_RYUK_DISABLED = "true";
 
@@ -50,7 +50,7 @@ if ((process.env.CI || process.env.CAIRN_REQUIRE_DOCKER) && problem !== null) th
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** A deadline raced against a job's exit: its timer must not keep this file's process alive once the tests are done. */
-const deadline = (ms: number) => new Promise<void>((r) => setTimeout(r, ms).unref());
+const raceDeadline = (ms: number) => new Promise<void>((r) => setTimeout(r, ms).unref());
 const docker = (...args: string[]) => execFileSync("docker", args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: 120_000 }).trim();
 const ZONES = ["a", "b", "c"] as const;
 const DB = "drill";
@@ -226,7 +226,7 @@ describe("container drill: machines and zones as containers, the test as the sch
           docker("pause", etcds[0]!.getId());
           count("zone-pause");
         }
-        const code = await Promise.race([oldJob.exited, deadline(180_000).then(() => "still running" as const)]);
+        const code = await Promise.race([oldJob.exited, raceDeadline(180_000).then(() => "still running" as const)]);
         oldExits.push(`${kind}: ${code}`);
         if (kind === "kill") assert.notEqual(code, 0, "the job on the killed machine did not end normally");
         else assert.ok(code === 3 || code === 4, `the job on the machine that came back after a ${kind} must stop (fenced: exit 3, or 4 when its storage call failed first), not go on; got ${code}\n${oldJob.out}`);
@@ -237,7 +237,7 @@ describe("container drill: machines and zones as containers, the test as the sch
         owner = other;
       }
       finish = true;
-      const last = await Promise.race([job.exited, deadline(240_000).then(() => "still running" as const)]);
+      const last = await Promise.race([job.exited, raceDeadline(240_000).then(() => "still running" as const)]);
       assert.equal(last, 0, `the job ends with the run's success: ${job.out}`);
 
       const final = await readLog();

@@ -37,7 +37,13 @@ const CANCEL_BOUND_MS = 1000;
  * watch manager; closing the client empties the manager (router.ts closeEtcdClient).
  */
 function cancelBounded(w: Watcher): Promise<void> {
-  return withTimeout(w.cancel(), CANCEL_BOUND_MS, () => new Error("cancel timed out")).then(
+  let cancelling: Promise<void>;
+  try {
+    cancelling = w.cancel();
+  } catch {
+    return Promise.resolve(); // etcd3 can throw at once (no stream left): nothing to wait for
+  }
+  return withTimeout(cancelling, CANCEL_BOUND_MS, () => new Error("cancel timed out")).then(
     () => undefined,
     () => undefined,
   );

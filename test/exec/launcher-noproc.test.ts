@@ -32,13 +32,23 @@ function cannotRun(): string | null {
   if (launcherPath === null) return "build/cairn-launcher is not built";
   const probe = spawnSync("unshare", ["--mount", "--propagation", "private", "sh", "-c", `${HIDE_PROC} && test ! -e /proc/self/stat`], { encoding: "utf8" });
   if (probe.error !== undefined || probe.status !== 0) return `no mount namespace with /proc hidden can be made here (needs root and unshare): ${probe.error?.message ?? probe.stderr.trim()}`;
+  // The wrapper is a script in the temporary directory: it must be allowed to run from there.
+  const script = join(tmp.dir, "exec-probe");
+  writeFileSync(script, "#!/bin/sh\nexit 0\n", { mode: 0o755 });
+  const ran = spawnSync(script);
+  if (ran.error !== undefined || ran.status !== 0) return `a script in ${tmp.dir} cannot be run (a noexec mount?): ${ran.error?.message ?? `exit ${ran.status}`}`;
   return null;
+}
+
+/** `s` as one single-quoted sh word. */
+function shellQuote(s: string): string {
+  return `'${s.replace(/'/g, "'\\''")}'`;
 }
 
 /** A launcher "binary" that runs the real one with /proc hidden from it. */
 function hiddenProcLauncher(): string {
   const wrapper = join(tmp.dir, "launcher-without-proc");
-  writeFileSync(wrapper, `#!/bin/sh\nexec unshare --mount --propagation private sh -c '${HIDE_PROC} && exec "$0" "$@"' ${JSON.stringify(launcherPath)} "$@"\n`, { mode: 0o755 });
+  writeFileSync(wrapper, `#!/bin/sh\nexec unshare --mount --propagation private sh -c '${HIDE_PROC} && exec "$0" "$@"' ${shellQuote(launcherPath ?? "")} "$@"\n`, { mode: 0o755 });
   return wrapper;
 }
 

@@ -163,6 +163,11 @@ describe("the page next to /metrics", () => {
       assert.deepEqual((events[0]!.data as { sessions: { id: string }[] }).sessions.map((s) => s.id), ["s1"]);
       const updates = events.filter((e) => e.event === "update").map((e) => e.data as { head: number; sessions: { id: string; cells: unknown[] }[] });
       assert.ok(updates.length >= 2, "several updates while the run went on");
+      const s2Status = (u: { sessions: unknown[] }) => (u.sessions as { id: string; header?: { status?: string } }[]).find((s) => s.id === "s2")?.header?.status;
+      assert.ok(
+        updates.slice(0, -1).some((u) => s2Status(u) !== undefined && s2Status(u) !== "success"),
+        `an update showed the second run in progress before it ended: ${JSON.stringify(updates.map(s2Status))}`,
+      );
       const heads = updates.map((u) => u.head);
       assert.deepEqual(heads, [...heads].sort((a, b) => a - b));
       assert.ok(updates.every((u) => u.sessions.every((s) => s.id === "s2")), "only what changed is sent");
