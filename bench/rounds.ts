@@ -60,7 +60,7 @@ import { TxnWire } from "../storage-adapters/replicated/txn-wire.js";
 import { absent, put, valueIs } from "../storage-adapters/replicated/ops.js";
 import { tagBatches } from "../chaos/support/tagging.js";
 import { passThroughStorage } from "../chaos/support/passthrough.js";
-import { parseProcStat, startCpuWindow, type CpuBreakdown } from "./stats.js";
+import { parseProcStat, startCpuWindow, summarize, type CpuBreakdown } from "./stats.js";
 import { clockTicksPerSecond } from "./idle.js";
 import { LoopModel } from "../chaos/support/loop-model.js";
 
@@ -344,10 +344,9 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
     if (oneSession.length > 0) {
       const repeat = repeatRuns();
       while (oneSession.length < repeat) oneSession.push(await owner.run(1, rounds));
-      const cpu = oneSession.map((r) => r.cpuMsPerRound).sort((a, b) => a - b);
-      const median = cpu.length % 2 === 1 ? cpu[(cpu.length - 1) / 2]! : (cpu[cpu.length / 2 - 1]! + cpu[cpu.length / 2]!) / 2;
+      const cpu = summarize(oneSession.map((r) => r.cpuMsPerRound));
       console.log(
-        `one session, harness CPU ms/round in ${oneSession.length} runs of ${rounds} rounds (the table's first, CAIRN_BENCH_REPEAT=${repeat}): median ${fmt(median)}, lowest ${fmt(cpu[0]!)}, highest ${fmt(cpu[cpu.length - 1]!)}; ` +
+        `one session, harness CPU ms/round in ${oneSession.length} runs of ${rounds} rounds (the table's first, CAIRN_BENCH_REPEAT=${repeat}): median ${fmt(cpu.p50)} (nearest rank), lowest ${fmt(cpu.min)}, highest ${fmt(cpu.max)}; ` +
           `each run, harness CPU (its main thread's CPU; the wall time of its GC pauses): ${oneSession.map((r) => `${fmt(r.cpuMsPerRound)} (${fmt(r.mainCpuMsPerRound)}, ${fmt(r.gcMsPerRound)})`).join(", ")}`,
       );
     }
