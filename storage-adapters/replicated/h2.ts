@@ -168,6 +168,8 @@ export class H2Connection {
   private goingAway = false;
   private closing = false;
   destroyed = false;
+  /** Why the connection ended (when it did). */
+  private ended: Error | null = null;
   /** Called once, when the connection is over (its streams have been failed first). */
   onClose: (() => void) | null = null;
   /** Called when the peer sent GOAWAY: no new stream will be opened on this connection. */
@@ -225,7 +227,8 @@ export class H2Connection {
     const s = new Stream(headerBlock, body, handler);
     if (!this.usable) {
       s.done = true;
-      queueMicrotask(() => handler.onFail(new Error(`the connection to ${this.url.host} takes no new requests`)));
+      const why = this.ended !== null ? this.ended : new Error(`the connection to ${this.url.host} takes no new requests`);
+      queueMicrotask(() => handler.onFail(why));
     } else if (this.streams.size >= this.peerMaxStreams) {
       this.queued.push(s);
     } else {
@@ -258,6 +261,7 @@ export class H2Connection {
     if (this.ackTimer !== null) clearTimeout(this.ackTimer);
     this.socket.destroy();
     const why = err ?? new Error(`the connection to ${this.url.host} was closed`);
+    this.ended = why;
     for (const s of [...this.streams.values(), ...this.queued.splice(0)]) this.fail(s, why);
     this.streams.clear();
     this.blocked.length = 0;

@@ -4,17 +4,21 @@
  * that break the protocol: HPACK (the Huffman code checked against RFC 7541's table, headers and
  * trailers of random content decoded exactly, the dynamic table across many answers, CONTINUATION),
  * flow control both ways (a 5 MB request to a peer with a 1,000-byte window, a 3 MB answer), the
- * peer's stream limit, PINGs both ways, and broken peers failing the streams instead of hanging them.
+ * peer's stream limit, PINGs both ways, broken peers failing the streams instead of hanging them, and
+ * TLS (ALPN h2, the CA checked, a server that will not speak h2).
  * The wire's behaviour on etcd itself is txn-wire.test.ts and txn-wire-review.test.ts.
  */
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import http2 from "node:http2";
+import { readFileSync } from "node:fs";
 import net from "node:net";
+import tls from "node:tls";
 import { after, before, describe, it } from "node:test";
 import fc from "fast-check";
 import { H2Connection, HUFFMAN_LENGTHS, HpackDecoder, encodeHeaders, huffmanCode, huffmanDecode, type Header } from "../../storage-adapters/replicated/h2.js";
 import { exitAfterTests } from "../support/exit.js";
+import { makeTestCerts, type TestCerts } from "./certs.js";
 
 interface Answer {
   readonly blocks: (readonly Header[])[];
@@ -373,6 +377,53 @@ describe("H2Connection against peers that break the protocol", () => {
     const conn = new H2Connection(new URL(`http://127.0.0.1:${port}`), undefined);
     await assert.rejects(call(conn, "/x", Buffer.from("q")), /ECONNREFUSED/);
     assert.equal(conn.destroyed, true);
+  });
+});
+
+describe("H2Connection over TLS", () => {
+  let certs: TestCerts;
+  before(() => {
+    certs = makeTestCerts();
+  });
+  after(() => certs.remove());
+
+  const pem = (path: string): Buffer => readFileSync(path);
+
+  it("agrees on h2 by ALPN, verifies the server against the CA, and is answered", async () => {
+    const server = http2.createSecureServer({ key: pem(certs.serverKey), cert: pem(certs.serverCert) });
+    server.on("stream", (st) => {
+      st.on("error", () => undefined);
+      st.resume();
+      st.on("end", () => {
+        st.respond({ ":status": 200 });
+        st.end("secure");
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", () => r()));
+    const port = (server.address() as net.AddressInfo).port;
+    const conn = new H2Connection(new URL(`https://127.0.0.1:${port}`), { ca: pem(certs.ca) });
+    const wrongCa = new H2Connection(new URL(`https://127.0.0.1:${port}`), { ca: pem(certs.otherCa) });
+    try {
+      assert.equal((await call(conn, "/tls", Buffer.from("q"))).data.toString(), "secure");
+      await assert.rejects(call(wrongCa, "/tls", Buffer.from("q")), /certificate/i, "a server the CA did not sign is refused");
+    } finally {
+      conn.destroy(null);
+      wrongCa.destroy(null);
+      await new Promise<void>((r) => server.close(() => r()));
+    }
+  });
+
+  it("a TLS server that does not agree to h2 fails the request with a sentence saying so", async () => {
+    const server = tls.createServer({ key: pem(certs.serverKey), cert: pem(certs.serverCert), ALPNProtocols: ["http/1.1"] }, (sock) => sock.on("error", () => undefined));
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", () => r()));
+    const port = (server.address() as net.AddressInfo).port;
+    const conn = new H2Connection(new URL(`https://127.0.0.1:${port}`), { ca: pem(certs.ca) });
+    try {
+      await assert.rejects(call(conn, "/tls", Buffer.from("q")), /did not agree to HTTP\/2|ALPN|protocol/i);
+    } finally {
+      conn.destroy(null);
+      await new Promise<void>((r) => server.close(() => r()));
+    }
   });
 });
 
