@@ -255,11 +255,14 @@ export class H2Connection {
   }
 
   /** Ends the connection now: every stream on it fails with `err`. */
-  destroy(err: Error | null): void {
-    if (this.destroyed) return;
+  destroy(err: Error | null, socketToo = true): void {
+    if (this.destroyed) {
+      if (socketToo) this.socket.destroy();
+      return;
+    }
     this.destroyed = true;
     if (this.ackTimer !== null) clearTimeout(this.ackTimer);
-    this.socket.destroy();
+    if (socketToo) this.socket.destroy();
     const why = err ?? new Error(`the connection to ${this.url.host} was closed`);
     this.ended = why;
     for (const s of [...this.streams.values(), ...this.queued.splice(0)]) this.fail(s, why);
@@ -272,6 +275,7 @@ export class H2Connection {
 
   /** Writes `b` to the socket, after any PING ACKs held back. */
   private write(b: Buffer): void {
+    if (this.destroyed) return;
     if (this.acks.length > 0) {
       this.acks.push(b);
       b = Buffer.concat(this.acks);
@@ -289,6 +293,8 @@ export class H2Connection {
   private start(s: Stream): void {
     s.id = this.nextId;
     this.nextId += 2;
+    // The last stream id: no request after this one; the connection ends once its streams have.
+    if (this.nextId > MAX_STREAM_ID) this.closing = true;
     s.sendWindow = this.peerInitialWindow;
     this.streams.set(s.id, s);
     const out: Buffer[] = [];
@@ -308,6 +314,7 @@ export class H2Connection {
     else this.sendData(s, out);
     if (!s.localEnded) this.blocked.push(s);
     this.write(out.length === 1 ? out[0]! : Buffer.concat(out));
+    if (this.closing) for (const q of this.queued.splice(0)) this.fail(q, new Error(`the connection to ${this.url.host} has used its last stream id`));
   }
 
   /** Appends to `out` the DATA frames the windows allow for `s`. */
@@ -358,14 +365,23 @@ export class H2Connection {
   private fail(s: Stream, err: Error): void {
     if (s.done) return;
     s.done = true;
+    this.unblock(s);
     s.handler.onFail(err);
+  }
+
+  /** Drops a stream's unsent body from the send list. */
+  private unblock(s: Stream): void {
+    if (s.localEnded) return;
+    const i = this.blocked.indexOf(s);
+    if (i >= 0) this.blocked.splice(i, 1);
   }
 
   /** Removes a finished stream; starts a queued one; ends a closing connection once empty. */
   private forget(s: Stream): void {
     if (s.id === 0 || this.streams.get(s.id) !== s) return;
     this.streams.delete(s.id);
-    while (this.queued.length > 0 && this.streams.size < this.peerMaxStreams && this.usable) this.start(this.queued.shift()!);
+    this.unblock(s);
+    this.startQueued();
     if ((this.goingAway || this.closing) && this.streams.size === 0) this.destroy(null);
   }
 
@@ -423,7 +439,8 @@ export class H2Connection {
       case CONTINUATION: {
         if (this.block === null) return this.connectionError(PROTOCOL_ERROR, "CONTINUATION without a header block");
         this.block.chunks.push(p);
-        this.block.size += p.length;
+        // A frame's own 9 bytes count too: a flood of empty CONTINUATIONs reaches the limit.
+        this.block.size += 9 + p.length;
         if (this.block.size > MAX_HEADER_BLOCK) return this.connectionError(PROTOCOL_ERROR, `a header block over ${MAX_HEADER_BLOCK} bytes`);
         if (flags & END_HEADERS) this.headerBlockDone();
         return;
@@ -441,8 +458,11 @@ export class H2Connection {
       case SETTINGS:
         if (id !== 0 || p.length % 6 !== 0 || (flags & ACK && p.length !== 0)) return this.connectionError(FRAME_SIZE_ERROR, "a malformed SETTINGS frame");
         if (flags & ACK) return;
-        this.applySettings(p);
-        if (!this.destroyed) this.write(frame(SETTINGS, ACK, 0, Buffer.alloc(0)));
+        // The ACK goes out before anything the new values allow (the peer applies them on the ACK).
+        if (!this.applySettings(p)) return;
+        this.write(frame(SETTINGS, ACK, 0, Buffer.alloc(0)));
+        this.flush();
+        this.startQueued();
         return;
       case PUSH_PROMISE:
         return this.connectionError(PROTOCOL_ERROR, "PUSH_PROMISE, which our SETTINGS refused");
@@ -471,6 +491,7 @@ export class H2Connection {
         if (id !== 0 || p.length < 8) return this.connectionError(FRAME_SIZE_ERROR, "a malformed GOAWAY");
         const last = p.readUInt32BE(0) & 0x7fffffff;
         const code = p.readUInt32BE(4);
+        const first = !this.goingAway;
         this.goingAway = true;
         const why = new Error(`${this.url.host} sent GOAWAY (code ${code}) before processing the stream`);
         for (const s of [...this.streams.values()]) {
@@ -480,7 +501,7 @@ export class H2Connection {
           }
         }
         for (const s of this.queued.splice(0)) this.fail(s, why);
-        this.onGoaway?.();
+        if (first) this.onGoaway?.();
         if (this.streams.size === 0) this.destroy(null);
         return;
       }
@@ -494,8 +515,9 @@ export class H2Connection {
           const s = this.streams.get(id);
           if (s === undefined) return;
           if (inc === 0 || s.sendWindow + inc > MAX_WINDOW) {
-            this.cancel(s);
-            this.fail(s, new Error(`${this.url.host} sent a bad WINDOW_UPDATE for the stream`));
+            this.write(frame(RST_STREAM, 0, s.id, u32(inc === 0 ? PROTOCOL_ERROR : FLOW_CONTROL_ERROR)));
+            this.forget(s);
+            this.fail(s, new Error(`${this.url.host} sent a bad WINDOW_UPDATE for the stream (${inc === 0 ? "an increment of 0" : "a window over 2^31-1"})`));
             return;
           }
           s.sendWindow += inc;
@@ -553,23 +575,37 @@ export class H2Connection {
     s.handler.onEnd();
   }
 
-  private applySettings(p: Buffer): void {
+  /** Applies the peer's SETTINGS values; false (the connection ended) when one is invalid. Sends nothing. */
+  private applySettings(p: Buffer): boolean {
     for (let at = 0; at < p.length; at += 6) {
       const key = p.readUInt16BE(at);
       const value = p.readUInt32BE(at + 2);
-      if (key === 0x3) this.peerMaxStreams = value;
+      if (key === 0x2 && value > 1) {
+        this.connectionError(PROTOCOL_ERROR, `ENABLE_PUSH ${value}`);
+        return false;
+      } else if (key === 0x3) this.peerMaxStreams = value;
       else if (key === 0x4) {
-        if (value > MAX_WINDOW) return this.connectionError(FLOW_CONTROL_ERROR, "an initial window over 2^31-1");
         const delta = value - this.peerInitialWindow;
+        if (value > MAX_WINDOW || [...this.streams.values()].some((s) => s.sendWindow + delta > MAX_WINDOW)) {
+          this.connectionError(FLOW_CONTROL_ERROR, "a stream window over 2^31-1");
+          return false;
+        }
         this.peerInitialWindow = value;
         for (const s of this.streams.values()) s.sendWindow += delta;
       } else if (key === 0x5) {
-        if (value < 16_384 || value > 16_777_215) return this.connectionError(PROTOCOL_ERROR, `a max frame size of ${value}`);
+        if (value < 16_384 || value > 16_777_215) {
+          this.connectionError(PROTOCOL_ERROR, `a max frame size of ${value}`);
+          return false;
+        }
         this.peerMaxFrame = value;
       }
-      // HEADER_TABLE_SIZE: our encoder never indexes. ENABLE_PUSH, MAX_HEADER_LIST_SIZE: nothing to do.
+      // HEADER_TABLE_SIZE: our encoder never indexes. MAX_HEADER_LIST_SIZE: nothing to do.
     }
-    this.flush();
+    return true;
+  }
+
+  /** Starts queued requests while the peer's stream limit allows. */
+  private startQueued(): void {
     while (this.queued.length > 0 && this.streams.size < this.peerMaxStreams && this.usable) this.start(this.queued.shift()!);
   }
 
@@ -579,7 +615,12 @@ export class H2Connection {
     const last = Buffer.alloc(8);
     last.writeUInt32BE(code, 4);
     this.write(frame(GOAWAY, 0, 0, last));
-    this.destroy(new Error(`${this.url.host} broke the HTTP/2 protocol: ${what}`));
+    // Ended rather than destroyed, so the GOAWAY is flushed (a TLS socket's destroy drops it); the
+    // streams fail now, and the socket is destroyed after a second if the peer does not close it.
+    this.socket.end();
+    const kill = setTimeout(() => this.socket.destroy(), 1000);
+    kill.unref();
+    this.destroy(new Error(`${this.url.host} broke the HTTP/2 protocol: ${what}`), false);
   }
 }
 
@@ -804,6 +845,7 @@ export class HpackDecoder {
     for (;;) {
       if (this.at >= buf.length) throw new Error("a header block ends inside an integer");
       const b = buf[this.at++]!;
+      if (shift > 28) throw new Error("an integer longer than 5 bytes");
       v += (b & 0x7f) * 2 ** shift;
       shift += 7;
       if (v > 2 ** 32) throw new Error("an integer over 2^32");

@@ -248,6 +248,8 @@ export class TxnWire {
 
   private connect(): H2Connection {
     if (this.session !== null && this.session.usable) return this.session;
+    // One that takes no new request (out of stream ids) ends once its streams have.
+    this.session?.close();
     const session = new H2Connection(this.parsedUrl, this.tls);
     // GOAWAY (a member shutting down): streams it processed may still be answered; new ones go on a
     // new connection. A lost connection: the next call connects again.

@@ -427,4 +427,160 @@ describe("H2Connection over TLS", () => {
   });
 });
 
+describe("H2Connection: the review's findings (frames fed by hand, what it writes read back)", () => {
+  const frameOf = (type: number, flags: number, id: number, payload: Buffer): Buffer => {
+    const h = Buffer.alloc(9);
+    h.writeUIntBE(payload.length, 0, 3);
+    h[3] = type;
+    h[4] = flags;
+    h.writeUInt32BE(id, 5);
+    return Buffer.concat([h, payload]);
+  };
+  const settingsOf = (pairs: [number, number][]): Buffer => {
+    const p = Buffer.alloc(6 * pairs.length);
+    pairs.forEach(([k, v], i) => {
+      p.writeUInt16BE(k, 6 * i);
+      p.writeUInt32BE(v, 6 * i + 2);
+    });
+    return frameOf(4, 0, 0, p);
+  };
+  /** A connection whose socket is replaced: `feed` delivers bytes as if read, `frames` lists what it wrote since the last `take`. */
+  function fed(): { conn: H2Connection; feed: (b: Buffer) => void; take: () => { type: number; flags: number; id: number; payload: Buffer }[] } {
+    const conn = new H2Connection(new URL("http://127.0.0.1:9"), undefined);
+    const internals = conn as unknown as { socket: net.Socket; read(b: Buffer): void };
+    internals.socket.removeAllListeners("close");
+    internals.socket.on("error", () => undefined);
+    internals.socket.destroy();
+    let out: Buffer[] = [];
+    internals.socket = { write: (b: Buffer) => out.push(Buffer.from(b)) > 0, end: () => undefined, destroy: () => undefined, ref: () => undefined, unref: () => undefined } as unknown as net.Socket;
+    const take = (): { type: number; flags: number; id: number; payload: Buffer }[] => {
+      const all = Buffer.concat(out);
+      out = [];
+      const frames = [];
+      for (let at = 0; at < all.length; ) {
+        const len = all.readUIntBE(at, 3);
+        frames.push({ type: all[at + 3]!, flags: all[at + 4]!, id: all.readUInt32BE(at + 5), payload: all.subarray(at + 9, at + 9 + len) });
+        at += 9 + len;
+      }
+      return frames;
+    };
+    return { conn, feed: (b) => internals.read(b), take };
+  }
+  const log: string[] = [];
+  const req = (conn: H2Connection, name: string, body = Buffer.from("q")): { cancel(): void } =>
+    conn.request(encodeHeaders([[":method", "POST"]]), body, {
+      onHeaders: () => undefined,
+      onData: () => undefined,
+      onEnd: () => log.push(`${name}:end`),
+      onFail: (e) => log.push(`${name}:fail ${e.message}`),
+    });
+
+  it("the SETTINGS ACK is written before the streams (and DATA) its new values allow", () => {
+    const { conn, feed, take } = fed();
+    feed(settingsOf([[3, 1], [4, 10]]));
+    req(conn, "A", Buffer.alloc(50));
+    req(conn, "B");
+    take();
+    feed(settingsOf([[3, 10], [4, 1000]]));
+    const written = take().map((f) => `${f.type}/${f.flags}/${f.id}`);
+    assert.equal(written[0], "4/1/0", `the ACK first: ${written.join(" ")}`);
+    assert.ok(written.includes("0/1/1"), `then A's remaining DATA: ${written.join(" ")}`);
+    assert.ok(written.includes("1/4/3"), `and B's HEADERS: ${written.join(" ")}`);
+    conn.destroy(null);
+  });
+
+  it("a stream WINDOW_UPDATE of 0 resets that stream with PROTOCOL_ERROR and fails it at once", async () => {
+    log.length = 0;
+    const { conn, feed, take } = fed();
+    req(conn, "A");
+    take();
+    feed(frameOf(8, 0, 1, Buffer.alloc(4)));
+    const rst = take().find((f) => f.type === 3);
+    assert.equal(rst?.payload.readUInt32BE(0), 1, "RST_STREAM(PROTOCOL_ERROR)");
+    assert.match(log.join(), /A:fail .*bad WINDOW_UPDATE/);
+    assert.equal(conn.usable, true, "a stream error, not the connection's");
+    conn.destroy(null);
+  });
+
+  it("streams answered, reset or cancelled while their bodies wait for window keep no body in the send list", () => {
+    const { conn, feed } = fed();
+    feed(settingsOf([]));
+    const r = [1, 2, 3].map((i) => req(conn, `S${i}`, Buffer.alloc(1_500_000)));
+    feed(frameOf(1, 5, 1, Buffer.from([0x88])));
+    feed(frameOf(3, 0, 3, Buffer.from([0, 0, 0, 0])));
+    r[2]!.cancel();
+    assert.equal((conn as unknown as { blocked: unknown[] }).blocked.length, 0);
+    conn.destroy(null);
+  });
+
+  it("the last stream id: requests queued behind the stream limit fail, and the connection ends when its streams have", async () => {
+    log.length = 0;
+    const { conn, feed } = fed();
+    feed(settingsOf([[3, 1]]));
+    (conn as unknown as { nextId: number }).nextId = 2 ** 31 - 3;
+    req(conn, "A");
+    req(conn, "B");
+    req(conn, "C");
+    feed(frameOf(1, 5, 2 ** 31 - 3, Buffer.from([0x88])));
+    assert.equal(conn.usable, false);
+    feed(frameOf(1, 5, 2 ** 31 - 1, Buffer.from([0x88])));
+    await new Promise((r) => setImmediate(r));
+    assert.deepEqual(log.map((l) => l.replace(/ .*/, "")).sort(), ["A:end", "B:end", "C:fail"]);
+    assert.match(log.find((l) => l.startsWith("C:"))!, /last stream id/);
+    assert.equal(conn.destroyed, true, "ended once its last stream did");
+  });
+
+  it("a flood of empty CONTINUATION frames ends the connection at the header block limit", () => {
+    log.length = 0;
+    const { conn, feed } = fed();
+    req(conn, "A");
+    feed(frameOf(1, 0, 1, Buffer.from([0x88])));
+    const empty = frameOf(9, 0, 1, Buffer.alloc(0));
+    for (let i = 0; i < 40_000 && !conn.destroyed; i++) feed(empty);
+    assert.equal(conn.destroyed, true);
+    assert.match(log.join(), /A:fail .*header block over/);
+  });
+
+  it("an HPACK integer longer than 5 bytes is refused (it would decode to NaN)", () => {
+    assert.throws(() => new HpackDecoder(4096).decode(Buffer.from([0x0f, ...Array(200).fill(0x80), 0x01])), /longer than 5 bytes/);
+    assert.throws(() => new HpackDecoder(4096).decode(Buffer.from([0x3f, ...Array(200).fill(0x80), 0x01])), /longer than 5 bytes/);
+  });
+
+  it("nghttp2 raising its stream limit and its window while requests wait: all answered, the upload whole", async () => {
+    const server = http2.createServer({ settings: { maxConcurrentStreams: 1, initialWindowSize: 1000 } });
+    let raised = false;
+    server.on("session", (ss) => ss.on("error", () => undefined));
+    server.on("stream", (st, h) => {
+      st.on("error", () => undefined);
+      const chunks: Buffer[] = [];
+      st.on("data", (c: Buffer) => chunks.push(c));
+      if (!raised && h[":path"] !== "/warm") {
+        raised = true;
+        st.session!.settings({ maxConcurrentStreams: 10, initialWindowSize: 1_000_000 });
+      }
+      st.on("end", () =>
+        setTimeout(() => {
+          if (st.destroyed) return;
+          st.respond({ ":status": 200 });
+          st.end(String(Buffer.concat(chunks).length));
+        }, 50),
+      );
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", () => r()));
+    const conn = new H2Connection(new URL(`http://127.0.0.1:${(server.address() as net.AddressInfo).port}`), undefined);
+    try {
+      await call(conn, "/warm", Buffer.from("q"));
+      const sizes = [300_000, 1, 2, 3, 4];
+      const answers = await Promise.all(sizes.map((n, i) => call(conn, `/${i}`, Buffer.alloc(n))));
+      assert.deepEqual(
+        answers.map((a) => a.data.toString()),
+        sizes.map(String),
+      );
+    } finally {
+      conn.destroy(null);
+      await new Promise<void>((r) => server.close(() => r()));
+    }
+  });
+});
+
 exitAfterTests("test/replicated/h2.test.ts");
