@@ -65,7 +65,7 @@ export class TxnWire {
   private readonly probing = new WeakSet<H2Connection>();
   /** Requests in flight per connection: a connection keeps the process alive exactly while it has some. */
   private readonly inflight = new WeakMap<H2Connection, number>();
-  /** Each path's header block before its `grpc-timeout` (the same for every call). */
+  /** Each path's header block (with or without require-leader) before its `grpc-timeout`. */
   private readonly headerPrefix = new Map<string, Buffer>();
   private readonly parsedUrl: URL;
   /** Transactions sent, other calls (lease keep-alives, status), and connections opened (tests, stats). */
@@ -121,7 +121,8 @@ export class TxnWire {
 
   /** The request's header block: the path's fixed fields, then its deadline (gRPC's `grpc-timeout`, in ms). */
   private headers(path: string, requireLeader: boolean, timeoutMs: number): Buffer {
-    let prefix = this.headerPrefix.get(path);
+    const key = requireLeader ? `${path} leader` : path;
+    let prefix = this.headerPrefix.get(key);
     if (prefix === undefined) {
       const fields: Header[] = [
         [":method", "POST"],
@@ -133,7 +134,7 @@ export class TxnWire {
       ];
       if (requireLeader) fields.push(["hasleader", "true"]);
       prefix = encodeHeaders(fields);
-      this.headerPrefix.set(path, prefix);
+      this.headerPrefix.set(key, prefix);
     }
     return Buffer.concat([prefix, encodeHeaders([["grpc-timeout", `${Math.max(1, Math.ceil(timeoutMs))}m`]])]);
   }
