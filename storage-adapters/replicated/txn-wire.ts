@@ -26,14 +26,10 @@
  * Not used with etcd authentication (the client's token handling stays in etcd3): see `index.ts`.
  */
 import { ClientClosedError, castGrpcError, type ICompare, type IKeyValue, type IRequestOp, type IResponseOp, type ITxnResponse } from "etcd3";
-import { H2Connection, encodeHeaders, type H2Request, type Header } from "./h2.js";
+import { H2Connection, encodeHeaders, type H2Request, type H2Tls, type Header } from "./h2.js";
 
-/** TLS material for https endpoints (PEM), as the etcd3 client gets it. */
-export interface WireTls {
-  readonly ca: Buffer;
-  readonly cert?: Buffer;
-  readonly key?: Buffer;
-}
+/** TLS material for https endpoints (PEM), as the etcd3 client gets it: the connection's own type. */
+export type WireTls = H2Tls;
 
 export interface TxnRequest {
   readonly compare: readonly ICompare[];

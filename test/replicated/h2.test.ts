@@ -20,6 +20,16 @@ import { H2Connection, HUFFMAN_LENGTHS, HpackDecoder, encodeHeaders, huffmanCode
 import { exitAfterTests } from "../support/exit.js";
 import { makeTestCerts, type TestCerts } from "./certs.js";
 
+/** One HTTP/2 frame, as a peer would write it. */
+function frameOf(type: number, flags: number, id: number, payload: Buffer): Buffer {
+  const h = Buffer.alloc(9);
+  h.writeUIntBE(payload.length, 0, 3);
+  h[3] = type;
+  h[4] = flags;
+  h.writeUInt32BE(id, 5);
+  return Buffer.concat([h, payload]);
+}
+
 interface Answer {
   readonly blocks: (readonly Header[])[];
   readonly data: Buffer;
@@ -333,14 +343,6 @@ describe("H2Connection against peers that break the protocol", () => {
         }),
     };
   }
-  const frameOf = (type: number, flags: number, id: number, payload: Buffer): Buffer => {
-    const h = Buffer.alloc(9);
-    h.writeUIntBE(payload.length, 0, 3);
-    h[3] = type;
-    h[4] = flags;
-    h.writeUInt32BE(id, 5);
-    return Buffer.concat([h, payload]);
-  };
   const settings = frameOf(4, 0, 0, Buffer.alloc(0));
 
   const cases: [string, Buffer, boolean, RegExp][] = [
@@ -428,14 +430,6 @@ describe("H2Connection over TLS", () => {
 });
 
 describe("H2Connection: the review's findings (frames fed by hand, what it writes read back)", () => {
-  const frameOf = (type: number, flags: number, id: number, payload: Buffer): Buffer => {
-    const h = Buffer.alloc(9);
-    h.writeUIntBE(payload.length, 0, 3);
-    h[3] = type;
-    h[4] = flags;
-    h.writeUInt32BE(id, 5);
-    return Buffer.concat([h, payload]);
-  };
   const settingsOf = (pairs: [number, number][]): Buffer => {
     const p = Buffer.alloc(6 * pairs.length);
     pairs.forEach(([k, v], i) => {
@@ -486,6 +480,28 @@ describe("H2Connection: the review's findings (frames fed by hand, what it write
     assert.equal(written[0], "4/1/0", `the ACK first: ${written.join(" ")}`);
     assert.ok(written.includes("0/1/1"), `then A's remaining DATA: ${written.join(" ")}`);
     assert.ok(written.includes("1/4/3"), `and B's HEADERS: ${written.join(" ")}`);
+    conn.destroy(null);
+  });
+
+  it("a PING's ACK waits for our next frame and goes first in it; with no frame of ours it goes by itself within the hold", async () => {
+    const { conn, feed, take } = fed();
+    feed(settingsOf([]));
+    take();
+    const ping = Buffer.from("01234567");
+    feed(frameOf(6, 0, 0, ping));
+    assert.deepEqual(take(), [], "not written at once");
+    req(conn, "A");
+    const written = take();
+    assert.equal(written.length >= 2, true);
+    assert.equal(`${written[0]!.type}/${written[0]!.flags}`, "6/1", "the ACK first, in the request's write");
+    assert.ok(written[0]!.payload.equals(ping), "with the PING's payload");
+    assert.equal(written[1]!.type, 1, "then the request's HEADERS");
+    feed(frameOf(6, 0, 0, Buffer.from("abcdefgh")));
+    assert.deepEqual(take(), []);
+    await new Promise((r) => setTimeout(r, 100));
+    const alone = take();
+    assert.equal(alone.length, 1, "the held ACK went by itself");
+    assert.ok(alone[0]!.type === 6 && alone[0]!.flags === 1 && alone[0]!.payload.toString() === "abcdefgh");
     conn.destroy(null);
   });
 
