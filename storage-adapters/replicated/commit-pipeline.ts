@@ -11,8 +11,11 @@
  * the sessions; committers that come back together (a closed loop of commits) are not held up, and a
  * lone committer never waits.
  *
- * The transaction is guarded by `epoch == mine AND head == expected AND every identity absent`, so a
- * fenced process can never append and a retry can never append twice.
+ * The transaction is guarded by `epoch == mine AND head == expected`, so a fenced process can never
+ * append and a retry can never append twice. Duplicate identities are refused here, before anything is
+ * sent, from the local copy, which holds every identity of the log (layout.ts says why that is exact):
+ * a commit made while nothing is queued or in flight is checked at once; the others are checked
+ * together when their group is taken, in one lookup for the group.
  *
  * Unknown outcomes (deadline, lost connection, no quorum) are resolved by sending the same guarded
  * transaction again after a backoff: its failure branch reads back the epoch, the head and the record
@@ -32,7 +35,7 @@ import type { Context } from "./context.js";
 import { classifyEtcdError } from "./etcd-errors.js";
 import { MAX_BATCH_BYTES, MAX_BATCH_EVENTS, MAX_TXN_OPS, chainHash, decodeBatch, encodeBatch, type BatchRecord, type Keys } from "./layout.js";
 import type { LocalCopy } from "./local-copy.js";
-import { absent, get, kvsOf, put, valueIs, valueOf } from "./ops.js";
+import { get, kvsOf, put, valueIs, valueOf } from "./ops.js";
 
 /** What the pipeline needs from its handle. */
 export interface PipelineInit {
@@ -57,12 +60,11 @@ interface Pending {
   readonly eventsJson: string;
   readonly bytes: number;
   /**
-   * True when an identity of this commit may have entered the log after the local copy was checked
-   * at `commit()`: another commit waiting or in flight then held one of its identities, or a group
-   * passed it over. Only such a commit is checked against the local copy again when its group is
-   * taken; any other commit with one of its identities is queued behind it, and is checked itself.
+   * True once its identities were found absent from the log while no commit holding one of them was
+   * queued ahead of it or in flight. Sending a group clears it on every queued commit sharing an
+   * identity with that group; an unchecked commit is checked when its group is taken (checkAhead).
    */
-  contended: boolean;
+  checked: boolean;
   resolve(receipt: CommitReceipt): void;
   reject(err: unknown): void;
 }
@@ -70,7 +72,6 @@ interface Pending {
 type Outcome =
   | { kind: "ok" }
   | { kind: "fenced"; epoch: number | null }
-  | { kind: "identity" }
   | { kind: "failed"; error: unknown }
   | { kind: "unknown"; reason: string; cause?: unknown };
 
@@ -82,13 +83,14 @@ const RECENT_GROUPS = 8;
  */
 const GROUP_WAIT_BELOW = 16;
 
+/** At most this many queued commits are checked against the local copy in one lookup (checkAhead). */
+const CHECK_AHEAD = MAX_TXN_OPS;
+
 /** Small: an unanswered attempt already waited its deadline, and a new leader is elected in about a second. */
 const MAX_BACKOFF_MS = 500;
 
 export class CommitPipeline {
   private readonly queue: Pending[] = [];
-  /** Identities of the commits waiting or in flight, with how many hold each. */
-  private readonly liveIdentities = new Map<string, number>();
   private inflight: readonly Pending[] = [];
   private running: Promise<void> | null = null;
   private head: number;
@@ -148,8 +150,13 @@ export class CommitPipeline {
       this.init.guard();
     }
     const identities = batch.map((e) => e.identity);
-    const present = this.init.copy.existing(identities);
-    if (present.length > 0) throw duplicateIdentity(present, "in the log");
+    // Nothing queued or in flight: every identity that can be in the log is in the local copy (or
+    // pending its write there), so one lookup now is exact. Otherwise the group's lookup decides.
+    const checked = this.queue.length === 0 && this.inflight.length === 0;
+    if (checked) {
+      const present = this.init.copy.existing(identities);
+      if (present.length > 0) throw duplicateIdentity(present, "in the log");
+    }
     const backlog = this.backlog().commits;
     if (this.ctx.opts.onOutage === "reject" && backlog >= this.ctx.opts.backlogLimit && !this.ctx.health.view().quorumHeld) {
       throw new StorageRejected(
@@ -159,32 +166,8 @@ export class CommitPipeline {
     }
     const outage = this.outageRefusal();
     if (outage !== null) throw outage;
-    const contended = identities.some((id) => this.liveIdentities.has(id));
-    for (const id of identities) this.liveIdentities.set(id, (this.liveIdentities.get(id) ?? 0) + 1);
-    const settled = (): void => {
-      for (const id of identities) {
-        const n = this.liveIdentities.get(id) ?? 0;
-        if (n <= 1) this.liveIdentities.delete(id);
-        else this.liveIdentities.set(id, n - 1);
-      }
-    };
     return new Promise<CommitReceipt>((resolve, reject) => {
-      this.queue.push({
-        events: batch,
-        identities,
-        jsons,
-        eventsJson,
-        bytes,
-        contended,
-        resolve: (receipt) => {
-          settled();
-          resolve(receipt);
-        },
-        reject: (err) => {
-          settled();
-          reject(err);
-        },
-      });
+      this.queue.push({ events: batch, identities, jsons, eventsJson, bytes, checked, resolve, reject });
       // As many commits wait as the recent transactions carried: the company came, stop waiting.
       if (this.wake !== null && this.queue.length >= this.expectedGroup()) this.wake();
       this.kick();
@@ -267,7 +250,11 @@ export class CommitPipeline {
     }
   }
 
-  /** The next group: queue order, within etcd's limits, no identity twice, none already in the log. */
+  /**
+   * The next group: queue order, within etcd's limits (a record per commit and the head), no identity
+   * twice, none already in the log. Called with nothing in flight, so every identity of the log is in
+   * the local copy or pending its write there.
+   */
   private takeGroup(): Pending[] {
     const group: Pending[] = [];
     const ids = new Set<string>();
@@ -275,25 +262,51 @@ export class CommitPipeline {
     let i = 0;
     while (i < this.queue.length) {
       const p = this.queue[i]!;
-      const present = p.contended ? this.init.copy.existing(p.identities) : [];
-      if (present.length > 0) {
-        this.queue.splice(i, 1);
-        p.reject(duplicateIdentity(present, "in the log"));
-        continue;
+      if (!p.checked) {
+        this.checkAhead(i);
+        continue; // p was refused (and removed) or is checked now
       }
       if (p.identities.some((id) => ids.has(id))) {
-        p.contended = true;
+        p.checked = false;
         i++; // waits for the next group, where it will be refused as a duplicate if the first one lands
         continue;
       }
-      const n = ids.size + p.identities.length;
-      if (group.length > 0 && (2 + n > MAX_TXN_OPS || group.length + 1 + n + 1 > MAX_TXN_OPS || bytes + p.bytes > MAX_BATCH_BYTES)) break;
+      if (group.length > 0 && (group.length + 2 > MAX_TXN_OPS || bytes + p.bytes > MAX_BATCH_BYTES)) break;
       group.push(p);
       this.queue.splice(i, 1);
       for (const id of p.identities) ids.add(id);
       bytes += p.bytes;
     }
+    // Commits left queued that share an identity with this group must be checked again after it.
+    for (let k = i; k < this.queue.length; k++) {
+      const p = this.queue[k]!;
+      if (p.checked && p.identities.some((id) => ids.has(id))) p.checked = false;
+    }
     return group;
+  }
+
+  /**
+   * Checks the unchecked commits from queue index `from` on (up to CHECK_AHEAD of them) against the
+   * log in one lookup, and refuses (removing them from the queue) those holding an identity in it.
+   */
+  private checkAhead(from: number): void {
+    const batch: Pending[] = [];
+    const ids: string[] = [];
+    for (let k = from; k < this.queue.length && batch.length < CHECK_AHEAD; k++) {
+      const p = this.queue[k]!;
+      if (p.checked) continue;
+      batch.push(p);
+      for (const id of p.identities) ids.push(id);
+    }
+    const present = new Set(this.init.copy.existing(ids));
+    for (const p of batch) {
+      p.checked = true;
+      if (present.size === 0) continue;
+      const held = p.identities.filter((id) => present.has(id));
+      if (held.length === 0) continue;
+      this.queue.splice(this.queue.indexOf(p), 1);
+      p.reject(duplicateIdentity(held, "in the log"));
+    }
   }
 
   private async runGroup(group: readonly Pending[]): Promise<void> {
@@ -311,15 +324,8 @@ export class CommitPipeline {
       return { header: { v: 1, first, last, epoch, token, hash }, eventsJson: p.eventsJson };
     });
     const newHead = seq - 1;
-    const identityOps: IRequestOp[] = [];
     const compare = [valueIs(keys.epoch, String(epoch)), valueIs(keys.head, String(expected))];
-    records.forEach((r, gi) =>
-      group[gi]!.identities.forEach((id, k) => {
-        compare.push(absent(keys.ident(id)));
-        identityOps.push(put(keys.ident(id), String(r.header.first + k)));
-      }),
-    );
-    const success = [...records.map((r) => put(keys.log(r.header.first), encodeBatch(r))), ...identityOps, put(keys.head, String(newHead))];
+    const success = [...records.map((r) => put(keys.log(r.header.first), encodeBatch(r))), put(keys.head, String(newHead))];
     const readBack = [get(keys.epoch), get(keys.head), get(keys.log(expected + 1))];
 
     const outcome = await this.send(compare, success, readBack, expected, token);
@@ -335,15 +341,6 @@ export class CommitPipeline {
       }
       case "failed":
         for (const p of group) p.reject(outcome.error);
-        return;
-      case "identity":
-        if (group.length > 1) {
-          // Somebody's identity is already in the cluster although not in our copy: one txn each, so
-          // only the offending batch is refused.
-          for (const p of group) await this.runGroup([p]);
-        } else {
-          group[0]!.reject(await this.existingIdentities(group[0]!.identities));
-        }
         return;
       case "unknown": {
         const failure = this.init.poison(
@@ -396,25 +393,18 @@ export class CommitPipeline {
   /** Reads the failure branch: epoch, head and the record at our first seq. */
   private decide(responses: readonly IResponseOp[], expected: number, token: string): Outcome {
     const epoch = valueOf(responses, 0);
-    const head = Number(valueOf(responses, 1) ?? "0");
+    const headValue = valueOf(responses, 1);
     const kv = kvsOf(responses, 2)[0];
     if (kv) {
       const record = decodeBatch(kv.key.toString("utf8"), kv.value.toString("utf8"));
       if (record.header.token === token) return { kind: "ok" };
     }
     if (epoch === null || Number(epoch) !== this.init.epoch) return { kind: "fenced", epoch: epoch === null ? null : Number(epoch) };
-    if (head !== expected) return { kind: "unknown", reason: `the cluster's head moved from ${expected} to ${head} under this owner's epoch without this commit` };
-    return { kind: "identity" };
-  }
-
-  private async existingIdentities(identities: readonly string[]): Promise<StorageRejected> {
-    try {
-      const res = await this.ctx.txn([], identities.map((id) => get(this.init.keys.ident(id))));
-      const present = identities.filter((_, i) => kvsOf(res.responses, i).length > 0);
-      return duplicateIdentity(present.length > 0 ? present : identities, "in the log");
-    } catch {
-      return duplicateIdentity(identities, "in the log");
-    }
+    if (headValue === null) return { kind: "unknown", reason: `the head key was removed outside Cairn under this owner's epoch (it held ${expected})` };
+    if (Number(headValue) !== expected) return { kind: "unknown", reason: `the cluster's head moved from ${expected} to ${headValue} under this owner's epoch without this commit` };
+    // Both guards read back as they were compared, yet the transaction was refused: only a value
+    // written outside Cairn in another form (say "01" for 1) gets here.
+    return { kind: "unknown", reason: `etcd refused the commit although the epoch (${epoch}) and head (${headValue}) read back as expected: the head key was altered outside Cairn` };
   }
 
   private async applied(group: readonly Pending[], records: readonly BatchRecord[]): Promise<void> {

@@ -157,7 +157,7 @@ export class ReplicatedDatabase implements Database {
 
   /**
    * Writes the snapshot (chunks, identity segment, pointer: snapshots.ts), then compacts etcd: the
-   * batches and identity keys up to the cut are deleted in bounded transactions. The local copy
+   * batches up to the cut (and identity keys an earlier version left) are deleted in bounded transactions. The local copy
    * keeps them. Resolves once the pointer names the snapshot and compaction ran.
    */
   async writeSnapshot(seq: number, data: string): Promise<void> {

@@ -9,8 +9,9 @@
  *   cairn/db/<name>/log/<first seq, 16 digits>
  *                                         one committed batch: a header line (JSON: first, last,
  *                                         epoch, token, hash) then the events as a JSON array.
- *   cairn/db/<name>/ident/<identity>      the seq holding that identity (uniqueness: every commit
- *                                         compares create_revision == 0 on each of its identities).
+ *   cairn/db/<name>/ident/<identity>      no longer written. Earlier versions wrote one per event (its
+ *                                         seq) and compared it absent in every commit; compaction still
+ *                                         deletes those up to its cut.
  *   cairn/db/<name>/mseq                  the last mailbox sequence number handed out (decimal).
  *   cairn/db/<name>/mail/<mseq, 16 digits> a posted, not yet acknowledged, mailbox message (JSON).
  *   cairn/db/<name>/mailid/<id>           {mseq, digest} of every message id ever posted (dedupe).
@@ -25,28 +26,38 @@
  *
  * Snapshots and a bounded footprint (snapshots.ts). After a snapshot at seq S, `cut` is the end of the
  * last whole batch at or before S. Compaction then deletes, in transactions of bounded size, each
- * guarded by the epoch: the batch records before `cut`, the identity keys whose seq is <= `cut`, and
- * the previous snapshot's chunks. What stays in etcd is the tail after `cut`, its identity keys, the
+ * guarded by the epoch: the batch records before `cut`, any identity keys an earlier version left whose
+ * seq is <= `cut`, and the previous snapshot's chunks. What stays in etcd is the tail after `cut`, the
  * latest snapshot, and the gzipped identity segments.
  *
- * Why duplicate refusal stays exact although identity keys are deleted:
- *  1. An identity of an event after `cut` still has its key, and every commit compares that key
- *     absent in etcd itself: exact against any owner, including one that just took over.
- *  2. An identity of an event at or before `cut` is in exactly one identity segment, written (and its
- *     write acknowledged) BEFORE any identity key it replaces is deleted: at every instant each
- *     identity is in etcd as a key, in a segment, or both.
- *  3. Only the owner commits, and it checks every identity against its local copy first: the events
- *     it holds, written or still pending their write (full history when the copy kept up; everything
- *     after the base when it was rebuilt)
- *     plus, when rebuilt from a snapshot, every segment (loaded at open, checked in memory). Identities
- *     after the local copy's head are covered by (1) because the copy is caught up to the head at open
- *     and every later commit goes through this owner.
- *  So "already in the log" is decided exactly; only its storage moved from one key per identity (the
- *  unbounded part: about 60 bytes of key and revision per event) to about 3-4 bytes per identity in
- *  compressed segments. The number of identity KEYS stays bounded by the snapshot interval.
+ * Why duplicate refusal is exact with no identity key at all. Every identity of the log is, at every
+ * instant, in etcd in one of two places: an event of a batch record after the cut, or an identity
+ * segment. A segment covering (previous cut, cut] is written, and acknowledged, before the pointer
+ * naming that cut moves, and compaction deletes nothing before the pointer has moved. The owner decides
+ * "already in the log" from what it holds, and what it holds is all of it:
+ *  1. Opening claims the epoch and reads the head in ONE transaction, so no commit of an earlier owner
+ *     can land after that head (its transaction compares its own epoch, which is gone). The local copy
+ *     is then caught up to exactly that head from the cluster: the batch records after its base, and,
+ *     when it was rebuilt from a snapshot, every identity segment (loaded once, checked in memory).
+ *  2. Every later commit is this owner's own, guarded by `head == expected`: each lands right after the
+ *     head its owner knew, so nothing can enter the log that the owner did not send. What it sent and
+ *     saw acknowledged is in the copy at once (pending its write: `existing` sees those identities).
+ *  3. The commit pipeline checks a commit's identities against the copy when nothing it could collide
+ *     with is queued ahead of it or in flight (commit-pipeline.ts: a lone commit at once, the others
+ *     with their group), and never sends two commits holding one identity in one transaction.
+ *  A transaction whose outcome is unknown is resolved by reading back its own record (its token) before
+ *  anything else is sent, and a handle that cannot resolve it is poisoned, so (2) holds after outages
+ *  too. The local copy's `identity UNIQUE` column is a last check: a duplicate that slipped past all of
+ *  this would fail the copy's write and poison the handle rather than be acknowledged twice.
  *
- * A commit is ONE etcd transaction: compare epoch == mine AND head == expected AND every identity
- * key absent; then put the batch record(s), the identity keys and the new head.
+ * Earlier versions also wrote one key per identity and compared it absent in every commit. That key
+ * repeated what (1) to (3) already decide, and it cost every commit a compare and a put in etcd: about
+ * 60 bytes of key and revision per event, and, at 64 sessions in one process, the larger half of each
+ * member's work per transaction. Identity storage is now only the segments (about 3-4 bytes per
+ * identity, compressed) and the tail's batch records.
+ *
+ * A commit is ONE etcd transaction: compare epoch == mine AND head == expected; then put the batch
+ * record(s) and the new head.
  *
  * `hash` chains the batches: sha256(previous hash, first seq, events JSON). Comparing the hash of the
  * local copy's last batch with the cluster's record at the same key proves the whole local prefix
@@ -64,7 +75,10 @@ export const ROOT_PREFIX = "cairn/db/";
 export const MAX_TXN_OPS = 128;
 /** The largest commit we send: events serialized as JSON (etcd's default request limit is 1.5 MiB). */
 export const MAX_BATCH_BYTES = 1024 * 1024;
-/** At most this many events in one commit (two compares + one per identity must fit MAX_TXN_OPS). */
+/**
+ * At most this many events in one commit: the limit earlier versions had (two compares and one per
+ * identity fitting MAX_TXN_OPS), kept so that what a caller may commit does not depend on the version.
+ */
 export const MAX_BATCH_EVENTS = MAX_TXN_OPS - 2;
 /** The hash before the first batch. */
 export const GENESIS_HASH = "0".repeat(64);

@@ -37,6 +37,9 @@ export function localCopyPath(dataDir: string, name: string): string {
   return join(dataDir, `${name}.replica.sqlite`);
 }
 
+/** Identities per lookup statement in `existing` (a power of two, far below SQLite's parameter limit). */
+const HELD_CHUNK = 256;
+
 /** The longest the owner's commits wait in memory before they are written to the copy. */
 export const FLUSH_MS = 50;
 /** Pending events that make the copy write at once. */
@@ -334,8 +337,17 @@ export class LocalCopy {
       const id = identities[0]!;
       return this.pendingIds.has(id) || this.stmt.hasIdentity.get(id) !== undefined || archive?.has(id) === true ? [id] : [];
     }
-    // One statement for all of them (a round's commits hold several identities each).
-    const held = new Set(this.heldOf(identities.length).all(...identities) as string[]);
+    // One statement per HELD_CHUNK identities (a round's commits hold several identities each, and
+    // the commit pipeline checks a whole group's at once), padded to a power of two so that a few
+    // prepared statements serve every count.
+    const held = new Set<string>();
+    for (let at = 0; at < identities.length; at += HELD_CHUNK) {
+      const part = identities.slice(at, at + HELD_CHUNK);
+      let n = 1;
+      while (n < part.length) n *= 2;
+      while (part.length < n) part.push(part[0]!);
+      for (const id of this.heldOf(n).all(...part) as string[]) held.add(id);
+    }
     return identities.filter((id) => this.pendingIds.has(id) || held.has(id) || archive?.has(id) === true);
   }
 

@@ -7,7 +7,7 @@
  * cannot interleave. Until the pointer moves, readers see the previous snapshot whole.
  *
  * Compaction (after the pointer moved): deletes, in transactions of at most COMPACT_BATCH keys, the
- * older snapshots' chunks, the batch records up to the cut and the identity keys whose seq is at or
+ * older snapshots' chunks, the batch records up to the cut and any identity keys an earlier version left whose seq is at or
  * before the cut. A crash or a fence in the middle leaves keys that the next compaction deletes (it
  * scans, it does not remember). Why duplicate refusal stays exact: layout.ts.
  */

@@ -1,8 +1,8 @@
 /**
  * The replicated commit path on a real cluster: grouping of concurrent commits into fewer etcd
- * transactions with one receipt each, a duplicate identity failing only its own batch (also when the
- * cluster knows an identity the local copy does not), and etcd's size limits refused as too_large
- * before anything is written.
+ * transactions with one receipt each, a duplicate identity failing only its own batch (checked at once
+ * for a lone commit, and for a whole group at once when it is taken), and etcd's size limits refused
+ * as too_large before anything is written.
  */
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
@@ -185,31 +185,91 @@ describe("replicated commits", () => {
     }
   });
 
-  it("an identity the cluster holds but the local copy does not: the group falls back to one txn per batch, only that batch fails", async () => {
-    const db = await storage.open("ghost");
-    await db.commit([ev("first")]);
-    // Another writer's identity key, unknown to our local copy (as if the copy had lost it).
-    await etcd.put("cairn/db/ghost/ident/ghost-id").value("99");
-    const results = await Promise.allSettled(Array.from({ length: 8 }, (_, i) => db.commit(i === 3 ? [ev(`ok${i}`), ev("ghost-id")] : [ev(`ok${i}`)])));
-    results.forEach((r, i) => {
-      if (i === 3) {
-        assert.ok(r.status === "rejected", "the batch holding the cluster's identity is refused");
-        assert.equal((r.reason as { reason?: string }).reason, "duplicate_identity");
-        assert.deepEqual([...(r.reason as { identities: string[] }).identities], ["ghost-id"]);
-      } else {
-        assert.equal(r.status, "fulfilled", `batch ${i}: ${r.status === "rejected" ? String(r.reason) : ""}`);
+  it("commits queued behind a transaction are checked for duplicates together when their group is taken: each duplicate is refused with exactly its identities, the rest land once each", async () => {
+    const db = await storage.open("queued-dups");
+    await db.commit(Array.from({ length: 20 }, (_, i) => ev(`logged${i}`)));
+    await db.commit(Array.from({ length: 20 }, (_, i) => ev(`logged${20 + i}`)));
+    const before = (db.stats() as ReplicatedStats).commitTxns;
+    // 300 commits at once: the first goes alone, the rest queue behind it (more than one group's worth).
+    const kindOf = (i: number): "logged" | "shared" | "new" => (i % 7 === 3 ? "logged" : i % 11 === 5 ? "shared" : "new");
+    const batches = Array.from({ length: 300 }, (_, i) => {
+      switch (kindOf(i)) {
+        case "logged":
+          return [ev(`q${i}`), ev(`logged${i % 40}`)]; // holds an identity already in the log
+        case "shared":
+          return [ev(`shared${i % 3}`)]; // shares its identity with other queued commits
+        case "new":
+          return [ev(`q${i}`)];
       }
     });
+    const results = await Promise.allSettled(batches.map((b) => db.commit(b)));
+    const landed: string[] = [];
+    const sharedLanded = new Map<string, number>();
+    results.forEach((r, i) => {
+      const kind = kindOf(i);
+      if (kind === "new") {
+        assert.equal(r.status, "fulfilled", `commit ${i}: ${r.status === "rejected" ? String(r.reason) : ""}`);
+      } else if (kind === "logged") {
+        assert.ok(r.status === "rejected", `commit ${i} holds an identity of the log`);
+        assert.equal((r.reason as { reason?: string }).reason, "duplicate_identity");
+        assert.deepEqual([...(r.reason as { identities: string[] }).identities], [`logged${i % 40}`], "only the identity in the log is named");
+      } else if (r.status === "fulfilled") {
+        sharedLanded.set(`shared${i % 3}`, (sharedLanded.get(`shared${i % 3}`) ?? 0) + 1);
+      } else {
+        assert.equal((r.reason as { reason?: string }).reason, "duplicate_identity");
+        assert.deepEqual([...(r.reason as { identities: string[] }).identities], [`shared${i % 3}`]);
+      }
+      if (r.status === "fulfilled") landed.push(...batches[i]!.map((e) => e.identity));
+    });
+    assert.deepEqual([...sharedLanded.entries()].sort(), [["shared0", 1], ["shared1", 1], ["shared2", 1]], "exactly one commit of each shared identity landed");
     const ids = (await db.read()).map((e) => e.identity);
-    assert.equal(ids.length, 8);
-    assert.ok(!ids.includes("ok3") && !ids.includes("ghost-id"));
-    assert.equal(await db.head(), 8);
+    assert.equal(new Set(ids).size, ids.length, "no identity twice in the log");
+    assert.deepEqual(ids.slice(40).sort(), landed.sort(), "the log holds exactly the commits that resolved");
+    const txns = (db.stats() as ReplicatedStats).commitTxns - before;
+    assert.ok(txns >= Math.ceil(landed.length / 127) && txns <= 8, `${landed.length} commits went in a few groups of at most 127 (${txns} transactions)`);
     await db.close();
+  });
+
+  it("a queued commit left out of a full group is checked again when it shares an identity with that group", async () => {
+    const db = await storage.open("left-out");
+    const big = (id: string) => event("execution_output", "s1", id, AT, { cell_id: 1, n: 0, stream: "stdout", data: "z".repeat(600 * 1024) });
+    // One in flight; behind it c0 (600 KiB, identity X), c1 (600 KiB: c0 and c1 do not fit one
+    // transaction), and d (identity X again, a few bytes). All three are checked when c0's group is
+    // taken; c1 and d are left for the next, where d must be refused, not sent beside c1.
+    const results = await Promise.allSettled([db.commit([ev("lead")]), db.commit([big("X")]), db.commit([big("Y")]), db.commit([ev("X")])]);
+    assert.deepEqual(
+      results.map((r) => r.status),
+      ["fulfilled", "fulfilled", "fulfilled", "rejected"],
+    );
+    const refused = results[3]!;
+    assert.ok(refused.status === "rejected");
+    assert.equal((refused.reason as { reason?: string }).reason, "duplicate_identity");
+    assert.deepEqual([...(refused.reason as { identities: string[] }).identities], ["X"]);
+    assert.deepEqual(
+      (await db.read()).map((e) => e.identity),
+      ["lead", "X", "Y"],
+    );
+    assert.deepEqual(await db.commit([ev("after")]), { firstSeq: 4, lastSeq: 4 }, "the handle is healthy");
+    await db.close();
+  });
+
+  it("a head key removed under its owner: the commit is uncertain (the handle is poisoned), says what was altered, and nothing is written", async () => {
+    const db = await storage.open("headless");
+    await db.commit([ev("h1")]);
+    await etcd.delete().key("cairn/db/headless/head");
+    await assert.rejects(db.commit([ev("h2")]), (err: unknown) => {
+      assert.equal((err as { code?: string }).code, "uncertain");
+      assert.match((err as Error).message, /the head key was removed outside Cairn under this owner.s epoch \(it held 1\)/);
+      return true;
+    });
+    assert.equal(await etcd.get("cairn/db/headless/log/0000000000000002").string(), null, "no record was written");
+    await assert.rejects(db.commit([ev("h3")]), (err: unknown) => (err as { code?: string }).code === "uncertain", "the handle stays poisoned");
+    await db.close().catch(() => undefined);
   });
 
   it("list() names every database once, sorted, without reading their logs", async () => {
     const names = await storage.list();
-    for (const n of ["dups", "ghost", "group"]) assert.ok(names.includes(n), `${n} in ${names.join(",")}`);
+    for (const n of ["dups", "group", "queued-dups"]) assert.ok(names.includes(n), `${n} in ${names.join(",")}`);
     assert.deepEqual(names, [...new Set(names)].sort());
   });
 

@@ -52,11 +52,11 @@ test("after a snapshot etcd keeps the tail only, and the key count stays bounded
       await db.commit(batch(`c${cycle}-b${b}`, 5));
       committed += 5;
     }
-    assert.equal(await keys(k.identPrefix), 100, "before compaction every identity of the cycle has its key");
+    assert.equal(await keys(k.logPrefix), 20, "before compaction every batch of the cycle is in etcd");
+    assert.equal(await keys(k.identPrefix), 0, "commits write no identity keys");
     const head = await db.head();
     await db.writeSnapshot(head, `snapshot ${cycle} at ${head}`);
     assert.equal(await keys(k.logPrefix), 0, "every batch up to the snapshot was deleted");
-    assert.equal(await keys(k.identPrefix), 0, "every identity key up to the snapshot was deleted");
     assert.equal(await keys(k.snapDataPrefix), 1, "only the latest snapshot's chunk remains");
     assert.equal(await keys(k.idArchPrefix), cycle + 1, "one identity segment per compaction");
     counts.push(await keys(k.prefix));
@@ -68,7 +68,7 @@ test("after a snapshot etcd keeps the tail only, and the key count stays bounded
   assert.deepEqual(counts.map((c) => c - counts[0]!), [0, 1, 2, 3, 4], "the number of keys does not grow with the log");
   for (let b = 0; b < 3; b++) await db.commit(batch(`tail-${b}`, 4));
   assert.equal(await keys(k.logPrefix), 3, "the tail's batches are in etcd");
-  assert.equal(await keys(k.identPrefix), 12, "the tail's identities have keys");
+  assert.equal(await keys(k.identPrefix), 0, "the tail's identities have no keys either");
   await db.close();
 });
 
@@ -103,7 +103,7 @@ test("duplicate refusal stays exact after compaction: on the machine that kept u
       assert.deepEqual([...(err as { identities: string[] }).identities], ["old-0-0"], "the compacted identity is named");
       return true;
     },
-    "an identity from before the snapshot is refused although its key is gone from etcd",
+    "an identity from before the snapshot is refused although its batch is gone from etcd",
   );
   await assert.rejects(fresh.commit([ev("tail-1")]), hasError("rejected", "duplicate_identity"), "an identity from the tail is refused");
   assert.deepEqual(await fresh.commit([ev("brand-new-1")]), { firstSeq: 104, lastSeq: 104 }, "a new identity commits; nothing of the refused batches was written");
@@ -129,6 +129,41 @@ test("duplicate refusal stays exact after compaction: on the machine that kept u
   assert.equal(log.length, 105, "the local copy that kept up holds every event");
   assert.equal(log[0]!.identity, "old-0-0");
   await full.close();
+});
+
+test("identity keys left by an earlier version (which wrote one per event) are deleted by compaction up to the cut, and never refuse a commit", async (t) => {
+  const { dir, remove } = tempDir("compaction-legacy");
+  const storages: Storage[] = [];
+  t.after(async () => {
+    for (const s of storages) await s.close();
+    remove();
+  });
+  const storage = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/a`, commitTimeoutMs: 5000 });
+  storages.push(storage);
+  const db = await storage.open("legacy");
+  const k = keysOf("legacy");
+  for (let b = 0; b < 4; b++) await db.commit(batch(`l${b}`, 5));
+  // What an earlier version left: one key per event, its value the event's seq.
+  const log = await db.read();
+  for (const e of log) await client!.put(k.ident(e.identity)).value(String(e.seq));
+  // A stray key for an identity that is not in the log: the log decides, not the keys.
+  await client!.put(k.ident("never-committed")).value("999999");
+  assert.deepEqual(await db.commit([ev("never-committed")]), { firstSeq: 21, lastSeq: 21 }, "an identity key without its event does not refuse a commit");
+  await assert.rejects(db.commit([ev("l2-3")]), hasError("rejected", "duplicate_identity"), "an identity in the log is refused");
+
+  await db.writeSnapshot(10, "projection at 10");
+  assert.equal(await keys(k.identPrefix), 10 + 1, "the keys of seqs 1..10 were deleted; those of 11..20 and the stray one stay");
+  await db.writeSnapshot(21, "projection at 21");
+  assert.equal(await keys(k.identPrefix), 1, "after the next snapshot only the stray key (its value past the cut) is left");
+  await db.close();
+
+  // A machine with an empty data dir refuses every identity of the log, from the segments and the tail.
+  const other = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/b`, commitTimeoutMs: 5000 });
+  storages.push(other);
+  const fresh = await other.open("legacy");
+  for (const e of log) await assert.rejects(fresh.commit([ev(e.identity)]), hasError("rejected", "duplicate_identity"), `${e.identity} refused`);
+  await assert.rejects(fresh.commit([ev("never-committed")]), hasError("rejected", "duplicate_identity"));
+  await fresh.close();
 });
 
 // Last, so that it runs after every other `after` hook of this file.

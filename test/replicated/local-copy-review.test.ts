@@ -283,7 +283,8 @@ describe("local copy review: the owner's deferred copy writes (appendSoon)", () 
     await sB.close();
     const client = etcd();
     try {
-      assert.equal(Number(await client.getAll().prefix(keysOf(name).identPrefix).count()), 1, "only the tail's identity key is left in etcd");
+      assert.equal(Number(await client.getAll().prefix(keysOf(name).logPrefix).count()), 1, "only the tail's batch is left in etcd");
+      assert.equal(Number(await client.getAll().prefix(keysOf(name).identPrefix).count()), 0, "and no identity keys: the log and its segments decide");
     } finally {
       client.close();
     }
@@ -293,10 +294,10 @@ describe("local copy review: the owner's deferred copy writes (appendSoon)", () 
     const a = await sA.open(name);
     const sent = txns(a);
     for (const x of acked) {
-      for (const id of x.ids) await assert.rejects(a.commit([ev(id)]), isDuplicate, `${id} (compacted, its key is gone) is refused`);
+      for (const id of x.ids) await assert.rejects(a.commit([ev(id)]), isDuplicate, `${id} (compacted, its batch is gone) is refused`);
     }
     for (const id of ["b-1", "b-2", "b-tail"]) await assert.rejects(a.commit([ev(id)]), isDuplicate, `${id} is refused`);
-    assert.equal(txns(a), sent, "refused locally (etcd no longer holds the keys of the compacted ones)");
+    assert.equal(txns(a), sent, "refused locally (etcd no longer holds the batches of the compacted ones)");
     const reader = await sA.reader(name);
     assert.deepEqual(await a.read(more.lastSeq), await reader.read(more.lastSeq), "the copy's tail equals the cluster's");
     await reader.close();
@@ -410,9 +411,10 @@ describe("local copy review: the owner's deferred copy writes (appendSoon)", () 
     }
     assert.equal(pointer.cut, seq, "the cut is the snapshot's seq: the pending batches were written before it was computed");
     const head = Math.max(seq, ...duringReceipts.map((r) => r.lastSeq));
-    assert.equal(identKeys, head - seq, "only the identities after the cut keep a key");
+    assert.equal(identKeys, 0, "no identity keys: the tail's batches and the segments hold every identity");
+    assert.ok(head > seq, "commits landed after the cut");
 
-    // The owner that kept up refuses the compacted identities (their keys are gone) locally.
+    // The owner that kept up refuses the compacted identities (their batches are gone) locally.
     const sent = txns(db);
     for (const a of acked) for (const id of a.ids) await assert.rejects(db.commit([ev(id)]), isDuplicate, `${id} refused by the owner`);
     assert.equal(txns(db), sent);
