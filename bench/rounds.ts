@@ -57,7 +57,7 @@ import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
 import { TxnWire } from "../storage-adapters/replicated/txn-wire.js";
-import { absent, put, valueIs } from "../storage-adapters/replicated/ops.js";
+import { put, valueIs } from "../storage-adapters/replicated/ops.js";
 import { tagBatches } from "../chaos/support/tagging.js";
 import { passThroughStorage } from "../chaos/support/passthrough.js";
 import { parseProcStat, startCpuWindow, summarize, type CpuBreakdown } from "./stats.js";
@@ -113,11 +113,10 @@ function replicatedBackend(cluster: DevCluster): Backend {
       const head = heads.get(loop) ?? 0;
       const k = (s: string): string => `bench/floor/${loop}/${s}`;
       if (head === 0) await wire.txn({ compare: [], success: [put(k("epoch"), "1"), put(k("head"), "0")], failure: [] }, 5000);
-      const id = k(`ident/${head + 1}`);
       const res = await wire.txn(
         {
-          compare: [valueIs(k("epoch"), "1"), valueIs(k("head"), String(head)), absent(id)],
-          success: [put(k(`log/${String(head + 1).padStart(16, "0")}`), value), put(id, String(head + 1)), put(k("head"), String(head + 1))],
+          compare: [valueIs(k("epoch"), "1"), valueIs(k("head"), String(head))],
+          success: [put(k(`log/${String(head + 1).padStart(16, "0")}`), value), put(k("head"), String(head + 1))],
           failure: [],
         },
         5000,

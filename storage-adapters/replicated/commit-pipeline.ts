@@ -73,6 +73,8 @@ type Outcome =
   | { kind: "ok" }
   | { kind: "fenced"; epoch: number | null }
   | { kind: "failed"; error: unknown }
+  /** Refused, nothing written, and the keys it compares were changed outside Cairn: the handle stops. */
+  | { kind: "damaged"; reason: string }
   | { kind: "unknown"; reason: string; cause?: unknown };
 
 /** How many recent transactions the group-commit wait looks back on (see expectedGroup). */
@@ -342,6 +344,15 @@ export class CommitPipeline {
       case "failed":
         for (const p of group) p.reject(outcome.error);
         return;
+      case "damaged": {
+        const failure = this.init.poison(
+          new StorageFailure(
+            `commit to database "${name}" was refused and nothing of it was written: ${outcome.reason}. This handle is unusable: find out what changed the database in etcd before reopening it.`,
+          ),
+        );
+        for (const p of group) p.reject(failure);
+        return;
+      }
       case "unknown": {
         const failure = this.init.poison(
           new StorageFailure(`commit to database "${name}" may or may not be durable (${outcome.reason}); this handle is unusable: reopen and read the log.`, {
@@ -400,11 +411,11 @@ export class CommitPipeline {
       if (record.header.token === token) return { kind: "ok" };
     }
     if (epoch === null || Number(epoch) !== this.init.epoch) return { kind: "fenced", epoch: epoch === null ? null : Number(epoch) };
-    if (headValue === null) return { kind: "unknown", reason: `the head key was removed outside Cairn under this owner's epoch (it held ${expected})` };
+    if (headValue === null) return { kind: "damaged", reason: `the head key was removed outside Cairn under this owner's epoch (it held ${expected})` };
     if (Number(headValue) !== expected) return { kind: "unknown", reason: `the cluster's head moved from ${expected} to ${headValue} under this owner's epoch without this commit` };
     // Both guards read back as they were compared, yet the transaction was refused: only a value
-    // written outside Cairn in another form (say "01" for 1) gets here.
-    return { kind: "unknown", reason: `etcd refused the commit although the epoch (${epoch}) and head (${headValue}) read back as expected: the head key was altered outside Cairn` };
+    // rewritten outside Cairn in another form (say "01" for 1) gets here.
+    return { kind: "damaged", reason: `the epoch (${epoch}) and head (${headValue}) read back as this owner expects, yet etcd refused the guard: one of them was rewritten outside Cairn` };
   }
 
   private async applied(group: readonly Pending[], records: readonly BatchRecord[]): Promise<void> {

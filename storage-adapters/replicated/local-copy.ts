@@ -107,6 +107,27 @@ export class LocalCopy {
     };
   }
 
+  /**
+   * Whose copy this is: the etcd cluster id and the exact database name it was first opened for, or
+   * null for a copy written before copies were stamped. Kept by `discard`.
+   */
+  stamp(): { cluster: string; name: string } | null {
+    const rows = this.db.prepare("SELECT key, value FROM meta WHERE key IN ('cluster_id', 'db_name')").all() as { key: string; value: string }[];
+    const m = new Map(rows.map((r) => [r.key, r.value]));
+    const cluster = m.get("cluster_id");
+    const name = m.get("db_name");
+    return cluster === undefined || name === undefined ? null : { cluster, name };
+  }
+
+  /** Records whose copy this is (see `stamp`). */
+  setStamp(cluster: string, name: string): void {
+    const put = this.db.prepare("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)");
+    this.db.transaction(() => {
+      put.run("cluster_id", cluster);
+      put.run("db_name", name);
+    })();
+  }
+
   /** The highest seq held locally (the base when it holds no event after it; 0 when empty). */
   head(): number {
     this.flush();
@@ -405,7 +426,7 @@ export class LocalCopy {
   discard(): void {
     this.dropPending();
     this.db.transaction(() => {
-      this.db.exec("DELETE FROM events; DELETE FROM batches; DELETE FROM idarch; DELETE FROM meta;");
+      this.db.exec("DELETE FROM events; DELETE FROM batches; DELETE FROM idarch; DELETE FROM meta WHERE key NOT IN ('cluster_id', 'db_name');");
     })();
     this.baseCache = null;
     this.archive = null;

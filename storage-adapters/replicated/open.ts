@@ -64,6 +64,8 @@ interface Claimed {
   epoch: number;
   head: number;
   revision: string;
+  /** The etcd cluster's id (from the claim's response header). */
+  clusterId: string;
   /** Earlier owners' leases not known to be gone (the previous owner's, and those it was waiting for). */
   waitFor: LeaseRef[];
 }
@@ -82,7 +84,7 @@ async function claim(ctx: Context, keys: Keys, name: string, create: boolean, le
         [absent(keys.epoch)],
         [put(keys.epoch, "1"), put(keys.head, "0"), put(keys.mseq, "0"), putWithLease(keys.liveness, ReplicatedLease.record(1, lease, ttlMs, []), lease)],
       );
-      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision, waitFor: [] };
+      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision, clusterId: String(res.header.cluster_id), waitFor: [] };
       continue;
     }
     const next = current.epoch + 1;
@@ -98,7 +100,7 @@ async function claim(ctx: Context, keys: Keys, name: string, create: boolean, le
     // one read inside the transaction decides what to wait for.
     const replaced = parseOwner(valueOf(res.responses, 2));
     const truth = replaced === null ? [] : [{ lease: replaced.lease, host: replaced.host, pid: replaced.pid }, ...replaced.pending];
-    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, waitFor: truth };
+    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, clusterId: String(res.header.cluster_id), waitFor: truth };
   }
   throw new ConfigError(`could not claim database "${name}": ${MAX_CLAIMS} other openers claimed it at the same time; is a restart loop running?`);
 }
@@ -174,6 +176,25 @@ function openCopy(ctx: Context, name: string): LocalCopy {
   }
 }
 
+/**
+ * The local copy is the owner's only record of which identities the log holds (layout.ts), so a copy
+ * file is never shared between databases: one stamped for another etcd cluster, or for a name that
+ * differs only in case (one file on a case-insensitive file system), is refused, not discarded (its
+ * owner may be running). An unstamped copy (written before copies were stamped) is stamped now.
+ */
+function checkCopyOwner(copy: LocalCopy, clusterId: string, name: string): void {
+  const stamp = copy.stamp();
+  if (stamp === null) {
+    copy.setStamp(clusterId, name);
+    return;
+  }
+  if (stamp.cluster === clusterId && stamp.name === name) return;
+  const whose = stamp.cluster === clusterId ? `database "${stamp.name}" of this etcd cluster` : `database "${stamp.name}" of another etcd cluster (cluster id ${stamp.cluster}; this one is ${clusterId})`;
+  throw new ConfigError(
+    `cannot open database "${name}": its local copy ${copy.path} belongs to ${whose}. Give each etcd cluster its own dataDir (and never two database names that differ only in case on a case-insensitive file system). If that cluster is gone for good (restoring etcd from a backup makes a new cluster id), remove the file and it is rebuilt from this cluster.`,
+  );
+}
+
 /** `Storage.open` for the replicated adapter. */
 export async function openReplicatedDatabase(ctx: Context, name: string, create: boolean, onClose: (db: ReplicatedDatabase) => void): Promise<ReplicatedDatabase> {
   checkDatabaseName(name);
@@ -191,6 +212,7 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
   }
   const copy = openCopy(ctx, name);
   try {
+    checkCopyOwner(copy, claimed.clusterId, name);
     const lastHash = await syncCopy(ctx, keys, name, copy, claimed.head);
     const db: ReplicatedDatabase = new ReplicatedDatabase(ctx, {
       name,

@@ -3,7 +3,7 @@
  *
  * Writing (owner only, every transaction guarded by `epoch == mine`): the snapshot text in chunks
  * (`snapdata/<seq>/<i>`), then the identity segment of the events since the previous cut
- * (`idarch/<from>/<part>`), then the pointer (`snap`), compared on its mod revision so two writers
+ * (`idarch/<from>/<to>/<part>`), then the pointer (`snap`), compared on its mod revision so two writers
  * cannot interleave. Until the pointer moves, readers see the previous snapshot whole.
  *
  * Compaction (after the pointer moved): deletes, in transactions of at most COMPACT_BATCH keys, the
@@ -109,7 +109,7 @@ export async function writeSnapshot(ctx: Context, w: SnapshotWriter, seq: number
     const ids = copy.identitiesIn(prevCut, cut);
     for (let part = 0; part * SEGMENT_IDS < ids.length; part++) {
       const gz = gzipSync(ids.slice(part * SEGMENT_IDS, (part + 1) * SEGMENT_IDS).join("\n"));
-      await guarded(ctx, w, [putBytes(keys.idArch(prevCut + 1, part), gz)]);
+      await guarded(ctx, w, [putBytes(keys.idArch(prevCut + 1, cut, part), gz)]);
     }
   }
   const next: SnapshotPointer = { v: 1, seq, digest: snapshotDigest(data), chunks: chunks.length, cut, cutHash };

@@ -253,13 +253,13 @@ describe("replicated commits", () => {
     await db.close();
   });
 
-  it("a head key removed under its owner: the commit is uncertain (the handle is poisoned), says what was altered, and nothing is written", async () => {
+  it("a head key removed under its owner: the commit is refused with nothing written, says what was altered, and the handle is poisoned", async () => {
     const db = await storage.open("headless");
     await db.commit([ev("h1")]);
     await etcd.delete().key("cairn/db/headless/head");
     await assert.rejects(db.commit([ev("h2")]), (err: unknown) => {
       assert.equal((err as { code?: string }).code, "uncertain");
-      assert.match((err as Error).message, /the head key was removed outside Cairn under this owner.s epoch \(it held 1\)/);
+      assert.match((err as Error).message, /was refused and nothing of it was written: the head key was removed outside Cairn under this owner.s epoch \(it held 1\)/);
       return true;
     });
     assert.equal(await etcd.get("cairn/db/headless/log/0000000000000002").string(), null, "no record was written");

@@ -166,5 +166,37 @@ test("identity keys left by an earlier version (which wrote one per event) are d
   await fresh.close();
 });
 
+test("two snapshots written at once from one previous cut: whichever wins, every identity stays in a segment or the tail (a fresh machine refuses them all)", async (t) => {
+  const { dir, remove } = tempDir("compaction-race");
+  const storages: Storage[] = [];
+  t.after(async () => {
+    for (const s of storages) await s.close();
+    remove();
+  });
+  for (const order of ["larger first", "smaller first"] as const) {
+    const name = `race-${order.split(" ")[0]}`;
+    const owner = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/a-${name}`, commitTimeoutMs: 5000 });
+    storages.push(owner);
+    const db = await owner.open(name);
+    for (let b = 0; b < 20; b++) await db.commit(batch(`${name}-${b}`, 5));
+    const larger = () => db.writeSnapshot(100, "snapshot at 100");
+    const smaller = () => db.writeSnapshot(50, "snapshot at 50");
+    const results = await Promise.allSettled(order === "larger first" ? [larger(), smaller()] : [smaller(), larger()]);
+    assert.ok(
+      results.some((r) => r.status === "fulfilled"),
+      `${order}: one of them is written (${results.map((r) => (r.status === "rejected" ? String(r.reason) : "ok")).join("; ")})`,
+    );
+    await db.close();
+    const fresh = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/b-${name}`, commitTimeoutMs: 5000 });
+    storages.push(fresh);
+    const other = await fresh.open(name);
+    for (let b = 0; b < 20; b++) {
+      for (let i = 0; i < 5; i++) await assert.rejects(other.commit([ev(`${name}-${b}-${i}`)]), hasError("rejected", "duplicate_identity"), `${order}: ${name}-${b}-${i} refused`);
+    }
+    assert.deepEqual(await other.commit([ev(`${name}-new`)]), { firstSeq: 101, lastSeq: 101 });
+    await other.close();
+  }
+});
+
 // Last, so that it runs after every other `after` hook of this file.
 exitAfterTests("test/replicated/compaction.test.ts");

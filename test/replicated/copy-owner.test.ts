@@ -1,0 +1,117 @@
+/**
+ * A local copy file belongs to one database of one etcd cluster. The owner refuses duplicate
+ * identities from its copy alone (layout.ts), so a copy stamped for another cluster, or for another
+ * name (two names differing only in case share one file on a case-insensitive file system), is
+ * refused at open and left untouched: its own owner may be running. Two real three-member clusters.
+ */
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import Sqlite from "better-sqlite3";
+import type { Storage } from "../../src/storage/contract.js";
+import { createReplicatedStorage, localCopyPath } from "../../storage-adapters/replicated/index.js";
+import { hasError } from "../../src/storage/conformance/fixtures.js";
+import { devCluster, ev, tempDir } from "./helpers.js";
+import { exitAfterTests } from "../support/exit.js";
+
+describe("the local copy's owner", () => {
+  let one: Awaited<ReturnType<typeof devCluster>>;
+  let two: Awaited<ReturnType<typeof devCluster>>;
+  const dirs = tempDir("copy-owner");
+  const storages: Storage[] = [];
+  const make = (cluster: typeof one, dataDir: string): Storage => {
+    const s = createReplicatedStorage({ endpoints: cluster.cluster.endpoints, dataDir, commitTimeoutMs: 5000 });
+    storages.push(s);
+    return s;
+  };
+  const meta = (path: string): Record<string, string> => {
+    const file = new Sqlite(path, { readonly: true });
+    try {
+      return Object.fromEntries((file.prepare("SELECT key, value FROM meta").all() as { key: string; value: string }[]).map((r) => [r.key, r.value]));
+    } finally {
+      file.close();
+    }
+  };
+
+  before(async () => {
+    one = await devCluster();
+    two = await devCluster();
+  });
+  after(async () => {
+    for (const s of storages) await s.close().catch(() => undefined);
+    await one?.stop();
+    await two?.stop();
+    dirs.remove();
+  });
+
+  it("a data dir shared by two clusters: the second opener of a name is refused and the first owner's copy and duplicate refusal are untouched", async () => {
+    const dataDir = `${dirs.dir}/shared`;
+    const a = await make(one, dataDir).open("shared");
+    for (let i = 1; i <= 5; i++) await a.commit([ev(`e${i}`)]);
+    const path = localCopyPath(dataDir, "shared");
+    const stamped = meta(path);
+    assert.equal(stamped.db_name, "shared");
+    assert.match(stamped.cluster_id!, /^\d+$/);
+
+    await assert.rejects(make(two, dataDir).open("shared"), (err: unknown) => {
+      hasError("config")(err);
+      assert.match((err as Error).message, new RegExp(`its local copy ${path.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")} belongs to database "shared" of another etcd cluster \\(cluster id ${stamped.cluster_id}; this one is \\d+\\)`));
+      assert.match((err as Error).message, /Give each etcd cluster its own dataDir/);
+      return true;
+    });
+    // The first owner carries on: its copy was not discarded, so it still refuses its own identities.
+    await assert.rejects(a.commit([ev("e3")]), hasError("rejected", "duplicate_identity"), "e3 is refused by the first owner");
+    assert.deepEqual(await a.commit([ev("e6")]), { firstSeq: 6, lastSeq: 6 });
+    assert.deepEqual(
+      (await a.read()).map((e) => e.identity),
+      ["e1", "e2", "e3", "e4", "e5", "e6"],
+    );
+    await a.close();
+    assert.deepEqual(meta(path), stamped, "the stamp is the first cluster's still");
+
+    // The same name on the second cluster, in its own data dir, opens.
+    const b = await make(two, `${dirs.dir}/own`).open("shared");
+    assert.deepEqual(await b.commit([ev("e1")]), { firstSeq: 1, lastSeq: 1 }, "another cluster's database is another log");
+    await b.close();
+  });
+
+  it("a copy stamped for another name (as two names differing only in case would share one file) is refused; an unstamped copy is stamped; a discarded copy keeps its stamp", async () => {
+    const dataDir = `${dirs.dir}/names`;
+    const storage = make(one, dataDir);
+    const db = await storage.open("Run1");
+    await db.commit([ev("r1")]);
+    await db.close();
+    const path = localCopyPath(dataDir, "Run1");
+    const stamped = meta(path);
+
+    // What "run1" would find on a case-insensitive file system: the file stamped for "Run1".
+    const file = new Sqlite(path);
+    file.prepare("UPDATE meta SET value = 'run1' WHERE key = 'db_name'").run();
+    file.close();
+    await assert.rejects(storage.open("Run1"), (err: unknown) => {
+      hasError("config")(err);
+      assert.match((err as Error).message, /belongs to database "run1" of this etcd cluster/);
+      return true;
+    });
+
+    // A copy written before copies were stamped: stamped at its next open, and used as it is.
+    const legacy = new Sqlite(path);
+    legacy.prepare("DELETE FROM meta WHERE key IN ('cluster_id', 'db_name')").run();
+    legacy.close();
+    const again = await storage.open("Run1");
+    assert.deepEqual(meta(path), stamped);
+    await assert.rejects(again.commit([ev("r1")]), hasError("rejected", "duplicate_identity"));
+    await again.close();
+
+    // A diverged copy is discarded and rebuilt, and keeps its stamp.
+    const tampered = new Sqlite(path);
+    tampered.prepare("UPDATE events SET json = ? WHERE seq = 1").run(JSON.stringify(ev("r1", "s1", "-tampered")));
+    tampered.close();
+    const rebuilt = await storage.open("Run1");
+    assert.deepEqual((await rebuilt.read()).map((e) => e.identity), ["r1"]);
+    await rebuilt.close();
+    assert.deepEqual(meta(path), stamped);
+  });
+});
+
+// Last, so that it runs after every other `after` hook of this file.
+exitAfterTests("test/replicated/copy-owner.test.ts");
