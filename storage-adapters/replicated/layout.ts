@@ -55,11 +55,12 @@
  *  too. The local copy's `identity UNIQUE` column is a tripwire, not a guard: a duplicate that slipped
  *  past all of this would already be durable and acknowledged when the copy's write (up to FLUSH_MS
  *  later) fails on it and poisons the handle.
- *  What this needs from the deployment: the owner's local copy file is its own. Two processes on one
- *  data dir and one cluster share it safely (a new owner changes the file only after its claim, which
- *  fences the old one), but the file is named by the database name alone, so two clusters must not
- *  share a data dir, and database names that differ only in case must not share one on a
- *  case-insensitive file system.
+ *  This needs the owner's local copy file to be its own database's. Two processes on one data dir and
+ *  one cluster share it safely (a new owner changes the file only after its claim, which fences the
+ *  old one). The file is named by the database name alone, so a copy is stamped with the etcd cluster
+ *  id and the exact name it was opened for, and opening refuses a copy stamped for another cluster or
+ *  another name (a name differing only in case, on a case-insensitive file system) instead of
+ *  discarding it under a running owner (open.ts, checkCopyOwner).
  *
  * Earlier versions also wrote one key per identity and compared it absent in every commit. That key
  * repeated what (1) to (3) already decide, and it cost every commit a compare and a put in etcd: about
