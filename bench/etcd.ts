@@ -128,7 +128,9 @@ export async function runEtcdBench(samples = 300, throughputSeconds = 5): Promis
       await tdb.close();
     }
     const one = (rates.get("1")! + rates.get("1 again")!) / 2;
-    console.log(`64 sessions against one (the mean of its two rows, ${one.toFixed(0)} commits/s): ${(rates.get("64")! / one).toFixed(1)}x   (target >= 20x)`);
+    console.log(
+      `64 sessions against one: ${(rates.get("64")! / one).toFixed(1)}x against the mean of its two rows (${one.toFixed(0)} commits/s), ${(rates.get("64")! / rates.get("1")!).toFixed(1)}x against the first alone   (target >= 20x)`,
+    );
   } finally {
     raw.close();
     wire.close();
