@@ -14,11 +14,14 @@ import { get, kvsOf, prefixEnd, range, valueOf } from "./ops.js";
 /** Batches per range request: with records of at most 1 MiB, one page stays under the 64 MiB receive limit. */
 const PAGE = 48;
 
-/** The epoch and head of a database as the cluster holds them now; epoch null when it does not exist. */
-export async function readEpochHead(ctx: Context, keys: Keys): Promise<{ epoch: number | null; head: number; revision: string }> {
+/**
+ * The epoch and head of a database as the cluster holds them now (epoch null when it does not exist),
+ * and the etcd cluster's id.
+ */
+export async function readEpochHead(ctx: Context, keys: Keys): Promise<{ epoch: number | null; head: number; revision: string; clusterId: string }> {
   const res = await ctx.txn([], [get(keys.epoch), get(keys.head)]);
   const epoch = valueOf(res.responses, 0);
-  return { epoch: epoch === null ? null : Number(epoch), head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision };
+  return { epoch: epoch === null ? null : Number(epoch), head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, clusterId: String(res.header.cluster_id) };
 }
 
 /**

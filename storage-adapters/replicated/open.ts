@@ -1,7 +1,8 @@
 /**
- * Opening a replicated database: check the cluster's members, claim the next epoch in one
- * transaction, then bring the local copy in line with the cluster (verify, discard when diverged,
- * catch up), and start watching.
+ * Opening a replicated database: check the cluster's members, check that the local copy file is
+ * this database's (its cluster and name stamp), claim the next epoch in one transaction, then bring
+ * the local copy in line with the cluster (verify, discard when diverged, catch up), and start
+ * watching.
  */
 import { existsSync, rmSync } from "node:fs";
 import { ConfigError } from "../../src/errors.js";
@@ -64,8 +65,6 @@ interface Claimed {
   epoch: number;
   head: number;
   revision: string;
-  /** The etcd cluster's id (from the claim's response header). */
-  clusterId: string;
   /** Earlier owners' leases not known to be gone (the previous owner's, and those it was waiting for). */
   waitFor: LeaseRef[];
 }
@@ -74,17 +73,17 @@ interface Claimed {
  * Claims the next epoch of `name` (creating the database unless `create` is false), and in the same
  * transaction records this owner's lease in `<db>/owner`, reading the record it replaces.
  */
-async function claim(ctx: Context, keys: Keys, name: string, create: boolean, lease: string): Promise<Claimed> {
+async function claim(ctx: Context, keys: Keys, name: string, create: boolean, lease: string, first: { epoch: number | null }): Promise<Claimed> {
   const ttlMs = ctx.opts.livenessMs;
   for (let attempt = 0; attempt < MAX_CLAIMS; attempt++) {
-    const current = await readEpochHead(ctx, keys);
+    const current = attempt === 0 ? first : await readEpochHead(ctx, keys);
     if (current.epoch === null) {
       if (!create) throw new DatabaseNotFound(name);
       const res = await ctx.txn(
         [absent(keys.epoch)],
         [put(keys.epoch, "1"), put(keys.head, "0"), put(keys.mseq, "0"), putWithLease(keys.liveness, ReplicatedLease.record(1, lease, ttlMs, []), lease)],
       );
-      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision, clusterId: String(res.header.cluster_id), waitFor: [] };
+      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision, waitFor: [] };
       continue;
     }
     const next = current.epoch + 1;
@@ -100,7 +99,7 @@ async function claim(ctx: Context, keys: Keys, name: string, create: boolean, le
     // one read inside the transaction decides what to wait for.
     const replaced = parseOwner(valueOf(res.responses, 2));
     const truth = replaced === null ? [] : [{ lease: replaced.lease, host: replaced.host, pid: replaced.pid }, ...replaced.pending];
-    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, clusterId: String(res.header.cluster_id), waitFor: truth };
+    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, waitFor: truth };
   }
   throw new ConfigError(`could not claim database "${name}": ${MAX_CLAIMS} other openers claimed it at the same time; is a restart loop running?`);
 }
@@ -199,20 +198,34 @@ function checkCopyOwner(copy: LocalCopy, clusterId: string, name: string): void 
 export async function openReplicatedDatabase(ctx: Context, name: string, create: boolean, onClose: (db: ReplicatedDatabase) => void): Promise<ReplicatedDatabase> {
   checkDatabaseName(name);
   const keys = keysOf(name);
+  let first: Awaited<ReturnType<typeof readEpochHead>>;
+  try {
+    first = await readEpochHead(ctx, keys);
+  } catch (err) {
+    throw ctx.fail(err, "open", name);
+  }
+  if (first.epoch === null && !create) throw new DatabaseNotFound(name);
+  // The copy's owner is checked before the claim, so that a refused open fences nobody.
+  const copy = openCopy(ctx, name);
+  try {
+    checkCopyOwner(copy, first.clusterId, name);
+  } catch (err) {
+    copy.close();
+    throw err;
+  }
   let claimed: Claimed;
   let lease: ReplicatedLease;
   try {
     const grantedAt = performance.now();
     const leaseId = await grantLease(ctx, ctx.opts.livenessMs);
-    claimed = await claim(ctx, keys, name, create, leaseId);
+    claimed = await claim(ctx, keys, name, create, leaseId, first);
     lease = new ReplicatedLease(ctx, name, keys, claimed.epoch, leaseId, ctx.opts.livenessMs, claimed.waitFor, grantedAt);
     lease.start();
   } catch (err) {
+    copy.close();
     throw ctx.fail(err, "open", name);
   }
-  const copy = openCopy(ctx, name);
   try {
-    checkCopyOwner(copy, claimed.clusterId, name);
     const lastHash = await syncCopy(ctx, keys, name, copy, claimed.head);
     const db: ReplicatedDatabase = new ReplicatedDatabase(ctx, {
       name,

@@ -43,7 +43,7 @@ describe("the local copy's owner", () => {
     dirs.remove();
   });
 
-  it("a data dir shared by two clusters: the second opener of a name is refused and the first owner's copy and duplicate refusal are untouched", async () => {
+  it("a data dir shared by two clusters: the second opener of a name is refused before it claims anything, and the first owner's copy and duplicate refusal are untouched", async () => {
     const dataDir = `${dirs.dir}/shared`;
     const a = await make(one, dataDir).open("shared");
     for (let i = 1; i <= 5; i++) await a.commit([ev(`e${i}`)]);
@@ -51,6 +51,9 @@ describe("the local copy's owner", () => {
     const stamped = meta(path);
     assert.equal(stamped.db_name, "shared");
     assert.match(stamped.cluster_id!, /^\d+$/);
+    // The same name on the second cluster has an owner of its own, elsewhere.
+    const b = await make(two, `${dirs.dir}/own`).open("shared");
+    assert.deepEqual(await b.commit([ev("e1")]), { firstSeq: 1, lastSeq: 1 }, "another cluster's database is another log");
 
     await assert.rejects(make(two, dataDir).open("shared"), (err: unknown) => {
       hasError("config")(err);
@@ -68,9 +71,8 @@ describe("the local copy's owner", () => {
     await a.close();
     assert.deepEqual(meta(path), stamped, "the stamp is the first cluster's still");
 
-    // The same name on the second cluster, in its own data dir, opens.
-    const b = await make(two, `${dirs.dir}/own`).open("shared");
-    assert.deepEqual(await b.commit([ev("e1")]), { firstSeq: 1, lastSeq: 1 }, "another cluster's database is another log");
+    // The refused opener claimed nothing on the second cluster: its owner is not fenced.
+    assert.deepEqual(await b.commit([ev("e2")]), { firstSeq: 2, lastSeq: 2 }, "the second cluster's owner was not fenced by the refused open");
     await b.close();
   });
 
