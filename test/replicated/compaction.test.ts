@@ -4,7 +4,7 @@
  * exact on the machine that kept up and on a machine that rebuilds its copy from the snapshot.
  */
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { after, before, test, type TestContext } from "node:test";
 import { Etcd3 } from "etcd3";
 import type { NewEvent } from "../../src/state/events.js";
 import type { Storage } from "../../src/storage/contract.js";
@@ -30,20 +30,30 @@ async function keys(prefix: string): Promise<number> {
   return Number(await client!.getAll().prefix(prefix).count());
 }
 
-function batch(prefix: string, n: number): NewEvent[] {
-  return Array.from({ length: n }, (_, i) => ev(`${prefix}-${i}`));
-}
-
-test("after a snapshot etcd keeps the tail only, and the key count stays bounded across snapshots", async (t) => {
-  const { dir, remove } = tempDir("compaction");
+/**
+ * Storages on the cluster, one data dir per machine name under a temporary directory; all closed,
+ * and the directory removed, after the test.
+ */
+function machines(t: TestContext, prefix: string): (machine: string) => Storage {
+  const { dir, remove } = tempDir(prefix);
   const storages: Storage[] = [];
   t.after(async () => {
     for (const s of storages) await s.close();
     remove();
   });
-  const storage = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/a`, commitTimeoutMs: 5000 });
-  storages.push(storage);
-  const db = await storage.open("bounded");
+  return (machine) => {
+    const s = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/${machine}`, commitTimeoutMs: 5000 });
+    storages.push(s);
+    return s;
+  };
+}
+
+function batch(prefix: string, n: number): NewEvent[] {
+  return Array.from({ length: n }, (_, i) => ev(`${prefix}-${i}`));
+}
+
+test("after a snapshot etcd keeps the tail only, and the key count stays bounded across snapshots", async (t) => {
+  const db = await machines(t, "compaction")("a").open("bounded");
   const k = keysOf("bounded");
   const counts: number[] = [];
   let committed = 0;
@@ -73,17 +83,7 @@ test("after a snapshot etcd keeps the tail only, and the key count stays bounded
 });
 
 test("duplicate refusal stays exact after compaction: on the machine that kept up and on an empty data dir", async (t) => {
-  const { dir, remove } = tempDir("compaction-exact");
-  const storages: Storage[] = [];
-  t.after(async () => {
-    for (const s of storages) await s.close();
-    remove();
-  });
-  const make = (machine: string): Storage => {
-    const s = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/${machine}`, commitTimeoutMs: 5000 });
-    storages.push(s);
-    return s;
-  };
+  const make = machines(t, "compaction-exact");
   const a = make("a");
   const db = await a.open("exact");
   for (let b = 0; b < 10; b++) await db.commit(batch(`old-${b}`, 10));
@@ -132,15 +132,8 @@ test("duplicate refusal stays exact after compaction: on the machine that kept u
 });
 
 test("identity keys left by an earlier version (which wrote one per event) are deleted by compaction up to the cut, and never refuse a commit", async (t) => {
-  const { dir, remove } = tempDir("compaction-legacy");
-  const storages: Storage[] = [];
-  t.after(async () => {
-    for (const s of storages) await s.close();
-    remove();
-  });
-  const storage = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/a`, commitTimeoutMs: 5000 });
-  storages.push(storage);
-  const db = await storage.open("legacy");
+  const make = machines(t, "compaction-legacy");
+  const db = await make("a").open("legacy");
   const k = keysOf("legacy");
   for (let b = 0; b < 4; b++) await db.commit(batch(`l${b}`, 5));
   // What an earlier version left: one key per event, its value the event's seq.
@@ -157,27 +150,27 @@ test("identity keys left by an earlier version (which wrote one per event) are d
   assert.equal(await keys(k.identPrefix), 1, "after the next snapshot only the stray key (its value past the cut) is left");
   await db.close();
 
-  // A machine with an empty data dir refuses every identity of the log, from the segments and the tail.
-  const other = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/b`, commitTimeoutMs: 5000 });
-  storages.push(other);
-  const fresh = await other.open("legacy");
+  // An earlier version keyed segments idarch/<from>/<part>: the first one is moved to that form.
+  const segments = await client!.getAll().prefix(k.idArchPrefix).buffers();
+  assert.equal(Object.keys(segments).length, 2, "one segment per snapshot that moved the cut");
+  const [firstKey, firstGz] = Object.entries(segments).sort(([a], [b]) => a.localeCompare(b))[0]!;
+  assert.ok(firstKey.endsWith(`/${"1".padStart(16, "0")}/${"10".padStart(16, "0")}/000000`), `${firstKey} names its range 1..10`);
+  await client!.delete().key(firstKey);
+  await client!.put(`${k.idArchPrefix}${"1".padStart(16, "0")}/000000`).value(firstGz);
+
+  // A machine with an empty data dir refuses every identity of the log, from the segments (either
+  // form) and the tail.
+  const fresh = await make("b").open("legacy");
   for (const e of log) await assert.rejects(fresh.commit([ev(e.identity)]), hasError("rejected", "duplicate_identity"), `${e.identity} refused`);
   await assert.rejects(fresh.commit([ev("never-committed")]), hasError("rejected", "duplicate_identity"));
   await fresh.close();
 });
 
 test("two snapshots written at once from one previous cut: whichever wins, every identity stays in a segment or the tail (a fresh machine refuses them all)", async (t) => {
-  const { dir, remove } = tempDir("compaction-race");
-  const storages: Storage[] = [];
-  t.after(async () => {
-    for (const s of storages) await s.close();
-    remove();
-  });
+  const make = machines(t, "compaction-race");
   for (const order of ["larger first", "smaller first"] as const) {
     const name = `race-${order.split(" ")[0]}`;
-    const owner = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/a-${name}`, commitTimeoutMs: 5000 });
-    storages.push(owner);
-    const db = await owner.open(name);
+    const db = await make(`a-${name}`).open(name);
     for (let b = 0; b < 20; b++) await db.commit(batch(`${name}-${b}`, 5));
     const larger = () => db.writeSnapshot(100, "snapshot at 100");
     const smaller = () => db.writeSnapshot(50, "snapshot at 50");
@@ -187,9 +180,7 @@ test("two snapshots written at once from one previous cut: whichever wins, every
       `${order}: one of them is written (${results.map((r) => (r.status === "rejected" ? String(r.reason) : "ok")).join("; ")})`,
     );
     await db.close();
-    const fresh = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/b-${name}`, commitTimeoutMs: 5000 });
-    storages.push(fresh);
-    const other = await fresh.open(name);
+    const other = await make(`b-${name}`).open(name);
     for (let b = 0; b < 20; b++) {
       for (let i = 0; i < 5; i++) await assert.rejects(other.commit([ev(`${name}-${b}-${i}`)]), hasError("rejected", "duplicate_identity"), `${order}: ${name}-${b}-${i} refused`);
     }
