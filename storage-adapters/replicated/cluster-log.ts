@@ -16,12 +16,12 @@ const PAGE = 48;
 
 /**
  * The epoch and head of a database as the cluster holds them now (epoch null when it does not exist),
- * and the etcd cluster's id.
+ * and its id (null when it has none: it does not exist, or was created before ids existed).
  */
-export async function readEpochHead(ctx: Context, keys: Keys): Promise<{ epoch: number | null; head: number; revision: string; clusterId: string }> {
-  const res = await ctx.txn([], [get(keys.epoch), get(keys.head)]);
+export async function readEpochHead(ctx: Context, keys: Keys): Promise<{ epoch: number | null; head: number; revision: string; uid: string | null }> {
+  const res = await ctx.txn([], [get(keys.epoch), get(keys.head), get(keys.uid)]);
   const epoch = valueOf(res.responses, 0);
-  return { epoch: epoch === null ? null : Number(epoch), head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, clusterId: String(res.header.cluster_id) };
+  return { epoch: epoch === null ? null : Number(epoch), head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 2) };
 }
 
 /**

@@ -5,6 +5,9 @@
  * grants exactly that database):
  *
  *   cairn/db/<name>/epoch                 ownership epoch (decimal). Opening advances it in one txn.
+ *   cairn/db/<name>/uid                   the database's id (random, written once: when it is created,
+ *                                         or at the first open of one created before ids existed). A
+ *                                         local copy is stamped with it (open.ts, ownCopy).
  *   cairn/db/<name>/head                  highest committed seq (decimal; "0" for an empty log).
  *   cairn/db/<name>/log/<first seq, 16 digits>
  *                                         one committed batch: a header line (JSON: first, last,
@@ -56,11 +59,13 @@
  *  past all of this would already be durable and acknowledged when the copy's write (up to FLUSH_MS
  *  later) fails on it and poisons the handle.
  *  This needs the owner's local copy file to be its own database's. Two processes on one data dir and
- *  one cluster share it safely (a new owner changes the file only after its claim, which fences the
- *  old one). The file is named by the database name alone, so a copy is stamped with the etcd cluster
- *  id and the exact name it was opened for, and opening refuses a copy stamped for another cluster or
- *  another name (a name differing only in case, on a case-insensitive file system) instead of
- *  discarding it under a running owner (open.ts, checkCopyOwner).
+ *  one cluster share it safely: a new owner changes the copy's contents only after its claim, which
+ *  fences the old one. The file is named by the database name alone, so a copy is stamped with the
+ *  database's id (`uid`, random) and its exact name, atomically on its first open, and opening
+ *  refuses a copy stamped for another database (one of another etcd cluster, or a name differing
+ *  only in case on a case-insensitive file system) instead of discarding it under a running owner
+ *  (open.ts, ownCopy). Not covered: a copy written before copies were stamped is adopted by the first
+ *  database that opens it.
  *
  * Earlier versions also wrote one key per identity and compared it absent in every commit. That key
  * repeated what (1) to (3) already decide, and it cost every commit a compare and a put in etcd: about
@@ -104,6 +109,7 @@ export function keysOf(name: string) {
   return {
     prefix: base,
     epoch: `${base}epoch`,
+    uid: `${base}uid`,
     head: `${base}head`,
     logPrefix: `${base}log/`,
     log: (firstSeq: number) => `${base}log/${pad(firstSeq)}`,

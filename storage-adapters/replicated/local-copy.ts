@@ -108,24 +108,21 @@ export class LocalCopy {
   }
 
   /**
-   * Whose copy this is: the etcd cluster id and the exact database name it was first opened for, or
-   * null for a copy written before copies were stamped. Kept by `discard`.
+   * Whose copy this is: the database id and exact name it was first opened for. Stamps an unstamped
+   * copy with `uid` and `name` and returns the stamp in force, in one write transaction, so that two
+   * first opens at once cannot both take it. Kept by `discard`.
    */
-  stamp(): { cluster: string; name: string } | null {
-    const rows = this.db.prepare("SELECT key, value FROM meta WHERE key IN ('cluster_id', 'db_name')").all() as { key: string; value: string }[];
-    const m = new Map(rows.map((r) => [r.key, r.value]));
-    const cluster = m.get("cluster_id");
-    const name = m.get("db_name");
-    return cluster === undefined || name === undefined ? null : { cluster, name };
-  }
-
-  /** Records whose copy this is (see `stamp`). */
-  setStamp(cluster: string, name: string): void {
-    const put = this.db.prepare("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)");
-    this.db.transaction(() => {
-      put.run("cluster_id", cluster);
-      put.run("db_name", name);
-    })();
+  stamp(uid: string, name: string): { uid: string; name: string } {
+    const put = this.db.prepare("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)");
+    const read = this.db.prepare("SELECT key, value FROM meta WHERE key IN ('db_uid', 'db_name')");
+    return this.db
+      .transaction(() => {
+        put.run("db_uid", uid);
+        put.run("db_name", name);
+        const m = new Map((read.all() as { key: string; value: string }[]).map((r) => [r.key, r.value]));
+        return { uid: m.get("db_uid")!, name: m.get("db_name")! };
+      })
+      .immediate();
   }
 
   /** The highest seq held locally (the base when it holds no event after it; 0 when empty). */
@@ -426,7 +423,7 @@ export class LocalCopy {
   discard(): void {
     this.dropPending();
     this.db.transaction(() => {
-      this.db.exec("DELETE FROM events; DELETE FROM batches; DELETE FROM idarch; DELETE FROM meta WHERE key NOT IN ('cluster_id', 'db_name');");
+      this.db.exec("DELETE FROM events; DELETE FROM batches; DELETE FROM idarch; DELETE FROM meta WHERE key NOT IN ('db_uid', 'db_name');");
     })();
     this.baseCache = null;
     this.archive = null;

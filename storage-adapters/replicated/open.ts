@@ -1,9 +1,10 @@
 /**
  * Opening a replicated database: check the cluster's members, check that the local copy file is
- * this database's (its cluster and name stamp), claim the next epoch in one transaction, then bring
+ * this database's (its id and name stamp), claim the next epoch in one transaction, then bring
  * the local copy in line with the cluster (verify, discard when diverged, catch up), and start
  * watching.
  */
+import { randomUUID } from "node:crypto";
 import { existsSync, rmSync } from "node:fs";
 import { ConfigError } from "../../src/errors.js";
 import { DatabaseNotFound } from "../../src/storage/errors.js";
@@ -65,6 +66,8 @@ interface Claimed {
   epoch: number;
   head: number;
   revision: string;
+  /** The database's id as the claim read it (null for one created before ids existed). */
+  uid: string | null;
   /** Earlier owners' leases not known to be gone (the previous owner's, and those it was waiting for). */
   waitFor: LeaseRef[];
 }
@@ -79,11 +82,12 @@ async function claim(ctx: Context, keys: Keys, name: string, create: boolean, le
     const current = attempt === 0 ? first : await readEpochHead(ctx, keys);
     if (current.epoch === null) {
       if (!create) throw new DatabaseNotFound(name);
+      const uid = randomUUID();
       const res = await ctx.txn(
         [absent(keys.epoch)],
-        [put(keys.epoch, "1"), put(keys.head, "0"), put(keys.mseq, "0"), putWithLease(keys.liveness, ReplicatedLease.record(1, lease, ttlMs, []), lease)],
+        [put(keys.epoch, "1"), put(keys.head, "0"), put(keys.mseq, "0"), putWithLease(keys.liveness, ReplicatedLease.record(1, lease, ttlMs, []), lease), put(keys.uid, uid)],
       );
-      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision, waitFor: [] };
+      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision, uid, waitFor: [] };
       continue;
     }
     const next = current.epoch + 1;
@@ -92,14 +96,14 @@ async function claim(ctx: Context, keys: Keys, name: string, create: boolean, le
     const waitFor = previous === null ? [] : [{ lease: previous.lease, host: previous.host, pid: previous.pid }, ...previous.pending];
     const res = await ctx.txn(
       [valueIs(keys.epoch, String(current.epoch))],
-      [put(keys.epoch, String(next)), get(keys.head), get(keys.liveness), putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, waitFor), lease)],
+      [put(keys.epoch, String(next)), get(keys.head), get(keys.liveness), putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, waitFor), lease), get(keys.uid)],
     );
     if (!res.succeeded) continue;
     // The record may have changed between the peek and the claim (a clean close deleted it): the
     // one read inside the transaction decides what to wait for.
     const replaced = parseOwner(valueOf(res.responses, 2));
     const truth = replaced === null ? [] : [{ lease: replaced.lease, host: replaced.host, pid: replaced.pid }, ...replaced.pending];
-    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, waitFor: truth };
+    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 4), waitFor: truth };
   }
   throw new ConfigError(`could not claim database "${name}": ${MAX_CLAIMS} other openers claimed it at the same time; is a restart loop running?`);
 }
@@ -176,21 +180,40 @@ function openCopy(ctx: Context, name: string): LocalCopy {
 }
 
 /**
- * The local copy is the owner's only record of which identities the log holds (layout.ts), so a copy
- * file is never shared between databases: one stamped for another etcd cluster, or for a name that
- * differs only in case (one file on a case-insensitive file system), is refused, not discarded (its
- * owner may be running). An unstamped copy (written before copies were stamped) is stamped now.
+ * The database's id, written once: by the first opener that finds none (a database created before
+ * ids existed). Every opener gets the same one.
  */
-function checkCopyOwner(copy: LocalCopy, clusterId: string, name: string): void {
-  const stamp = copy.stamp();
-  if (stamp === null) {
-    copy.setStamp(clusterId, name);
-    return;
+async function ensureUid(ctx: Context, keys: Keys): Promise<string> {
+  const mine = randomUUID();
+  const res = await ctx.txn([absent(keys.uid)], [put(keys.uid, mine)], [get(keys.uid)]);
+  return res.succeeded ? mine : (valueOf(res.responses, 0) ?? mine);
+}
+
+/**
+ * Opens the local copy of database `name` (id `uid`) and makes sure it is this database's. The copy is
+ * the owner's only record of which identities the log holds (layout.ts), and its file is named by the
+ * name alone, so a copy stamped for another database (another etcd cluster's, or a name differing
+ * only in case on a case-insensitive file system) is refused, not discarded: its owner may be
+ * running. An unstamped copy is stamped now. A copy whose stamp cannot be read is started afresh,
+ * like one SQLite cannot read.
+ */
+function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
+  let copy = openCopy(ctx, name);
+  let stamp: { uid: string; name: string };
+  try {
+    stamp = copy.stamp(uid, name);
+  } catch (err) {
+    copy.close();
+    ctx.log.warn({ db: name, path: copy.path, err: (err as Error).message }, "local copy's stamp unreadable: removing it and rebuilding from the cluster");
+    for (const suffix of ["", "-wal", "-shm"]) rmSync(copy.path + suffix, { force: true });
+    copy = new LocalCopy(copy.path);
+    stamp = copy.stamp(uid, name);
   }
-  if (stamp.cluster === clusterId && stamp.name === name) return;
-  const whose = stamp.cluster === clusterId ? `database "${stamp.name}" of this etcd cluster` : `database "${stamp.name}" of another etcd cluster (cluster id ${stamp.cluster}; this one is ${clusterId})`;
+  if (stamp.uid === uid && stamp.name === name) return copy;
+  copy.close();
+  const whose = stamp.name === name ? `another database named "${name}" (id ${stamp.uid}; this one is ${uid})` : `database "${stamp.name}" (id ${stamp.uid})`;
   throw new ConfigError(
-    `cannot open database "${name}": its local copy ${copy.path} belongs to ${whose}. Give each etcd cluster its own dataDir (and never two database names that differ only in case on a case-insensitive file system). If that cluster is gone for good (restoring etcd from a backup makes a new cluster id), remove the file and it is rebuilt from this cluster.`,
+    `cannot open database "${name}": its local copy ${copy.path} belongs to ${whose}: one of another etcd cluster, or one deleted and created again. Give each etcd cluster its own dataDir (and never two database names that differ only in case on a case-insensitive file system). If that database is gone for good, remove the file and it is rebuilt from this cluster.`,
   );
 }
 
@@ -199,20 +222,17 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
   checkDatabaseName(name);
   const keys = keysOf(name);
   let first: Awaited<ReturnType<typeof readEpochHead>>;
+  let uid: string | null = null;
   try {
     first = await readEpochHead(ctx, keys);
+    if (first.epoch !== null) uid = first.uid ?? (await ensureUid(ctx, keys));
   } catch (err) {
     throw ctx.fail(err, "open", name);
   }
   if (first.epoch === null && !create) throw new DatabaseNotFound(name);
-  // The copy's owner is checked before the claim, so that a refused open fences nobody.
-  const copy = openCopy(ctx, name);
-  try {
-    checkCopyOwner(copy, first.clusterId, name);
-  } catch (err) {
-    copy.close();
-    throw err;
-  }
+  // An existing database's copy is checked before the claim, so that a refused open fences nobody.
+  // A database created by this open has nobody to fence: its copy is checked right after.
+  let copy = uid === null ? null : ownCopy(ctx, name, uid);
   let claimed: Claimed;
   let lease: ReplicatedLease;
   try {
@@ -222,10 +242,11 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
     lease = new ReplicatedLease(ctx, name, keys, claimed.epoch, leaseId, ctx.opts.livenessMs, claimed.waitFor, grantedAt);
     lease.start();
   } catch (err) {
-    copy.close();
+    copy?.close();
     throw ctx.fail(err, "open", name);
   }
   try {
+    copy ??= ownCopy(ctx, name, claimed.uid ?? (await ensureUid(ctx, keys)));
     const lastHash = await syncCopy(ctx, keys, name, copy, claimed.head);
     const db: ReplicatedDatabase = new ReplicatedDatabase(ctx, {
       name,
@@ -242,7 +263,7 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
     ctx.log.info({ db: name, epoch: claimed.epoch, head: claimed.head }, "database opened");
     return db;
   } catch (err) {
-    copy.close();
+    copy?.close();
     await lease.release();
     throw ctx.fail(err, "open", name);
   }

@@ -1,7 +1,7 @@
 /**
- * A local copy file belongs to one database of one etcd cluster. The owner refuses duplicate
- * identities from its copy alone (layout.ts), so a copy stamped for another cluster, or for another
- * name (two names differing only in case share one file on a case-insensitive file system), is
+ * A local copy file belongs to one database: the owner refuses duplicate identities from its copy
+ * alone (layout.ts), so a copy stamped with another database's id (another etcd cluster's) or another
+ * name (two names differing only in case share one file on a case-insensitive file system) is
  * refused at open and left untouched: its own owner may be running. Two real three-member clusters.
  */
 import assert from "node:assert/strict";
@@ -9,6 +9,9 @@ import { after, before, describe, it } from "node:test";
 import Sqlite from "better-sqlite3";
 import type { Storage } from "../../src/storage/contract.js";
 import { createReplicatedStorage, localCopyPath } from "../../storage-adapters/replicated/index.js";
+import { LocalCopy } from "../../storage-adapters/replicated/local-copy.js";
+import { keysOf } from "../../storage-adapters/replicated/layout.js";
+import { Etcd3 } from "etcd3";
 import { hasError } from "../../src/storage/conformance/fixtures.js";
 import { devCluster, ev, tempDir } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
@@ -50,14 +53,19 @@ describe("the local copy's owner", () => {
     const path = localCopyPath(dataDir, "shared");
     const stamped = meta(path);
     assert.equal(stamped.db_name, "shared");
-    assert.match(stamped.cluster_id!, /^\d+$/);
+    const etcd = new Etcd3({ hosts: one.cluster.endpoints });
+    try {
+      assert.equal(await etcd.get(keysOf("shared").uid).string(), stamped.db_uid, "the copy is stamped with the database's id");
+    } finally {
+      etcd.close();
+    }
     // The same name on the second cluster has an owner of its own, elsewhere.
     const b = await make(two, `${dirs.dir}/own`).open("shared");
     assert.deepEqual(await b.commit([ev("e1")]), { firstSeq: 1, lastSeq: 1 }, "another cluster's database is another log");
 
     await assert.rejects(make(two, dataDir).open("shared"), (err: unknown) => {
       hasError("config")(err);
-      assert.match((err as Error).message, new RegExp(`its local copy ${path.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")} belongs to database "shared" of another etcd cluster \\(cluster id ${stamped.cluster_id}; this one is \\d+\\)`));
+      assert.match((err as Error).message, new RegExp(`its local copy ${path.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")} belongs to another database named "shared" \\(id ${stamped.db_uid}; this one is [0-9a-f-]{36}\\): one of another etcd cluster`));
       assert.match((err as Error).message, /Give each etcd cluster its own dataDir/);
       return true;
     });
@@ -91,13 +99,13 @@ describe("the local copy's owner", () => {
     file.close();
     await assert.rejects(storage.open("Run1"), (err: unknown) => {
       hasError("config")(err);
-      assert.match((err as Error).message, /belongs to database "run1" of this etcd cluster/);
+      assert.match((err as Error).message, /belongs to database "run1" \(id [0-9a-f-]{36}\)/);
       return true;
     });
 
     // A copy written before copies were stamped: stamped at its next open, and used as it is.
     const legacy = new Sqlite(path);
-    legacy.prepare("DELETE FROM meta WHERE key IN ('cluster_id', 'db_name')").run();
+    legacy.prepare("DELETE FROM meta WHERE key IN ('db_uid', 'db_name')").run();
     legacy.close();
     const again = await storage.open("Run1");
     assert.deepEqual(meta(path), stamped);
@@ -112,6 +120,36 @@ describe("the local copy's owner", () => {
     assert.deepEqual((await rebuilt.read()).map((e) => e.identity), ["r1"]);
     await rebuilt.close();
     assert.deepEqual(meta(path), stamped);
+
+    // A database created before ids existed gets one at its next open, and its unstamped copy that id.
+    const etcd = new Etcd3({ hosts: one.cluster.endpoints });
+    try {
+      await etcd.delete().key(keysOf("Run1").uid);
+      const old = new Sqlite(path);
+      old.prepare("DELETE FROM meta WHERE key IN ('db_uid', 'db_name')").run();
+      old.close();
+      const reopened = await storage.open("Run1");
+      const uid = await etcd.get(keysOf("Run1").uid).string();
+      assert.match(uid ?? "", /^[0-9a-f-]{36}$/);
+      assert.notEqual(uid, stamped.db_uid);
+      assert.deepEqual(meta(path), { ...stamped, db_uid: uid });
+      await reopened.close();
+    } finally {
+      etcd.close();
+    }
+  });
+
+  it("stamping is one write transaction: an opener with another id gets the stamp in force back, not its own", () => {
+    const path = `${dirs.dir}/race.replica.sqlite`;
+    const a = new LocalCopy(path);
+    const b = new LocalCopy(path);
+    try {
+      assert.deepEqual(a.stamp("uid-a", "race"), { uid: "uid-a", name: "race" });
+      assert.deepEqual(b.stamp("uid-b", "race"), { uid: "uid-a", name: "race" }, "the second opener sees the first's stamp, not its own");
+    } finally {
+      a.close();
+      b.close();
+    }
   });
 });
 
