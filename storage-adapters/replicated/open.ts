@@ -194,8 +194,8 @@ async function ensureUid(ctx: Context, keys: Keys): Promise<string> {
  * the owner's only record of which identities the log holds (layout.ts), and its file is named by the
  * name alone, so a copy stamped for another database (another etcd cluster's, or a name differing
  * only in case on a case-insensitive file system) is refused, not discarded: its owner may be
- * running. An unstamped copy is stamped now. A copy whose stamp cannot be read is started afresh,
- * like one SQLite cannot read.
+ * running. An unstamped copy is stamped now. A copy SQLite finds damaged when stamping is started
+ * afresh, like one it cannot open.
  */
 function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
   let copy = openCopy(ctx, name);
@@ -203,6 +203,12 @@ function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
   try {
     stamp = copy.stamp(uid, name);
   } catch (err) {
+    // Only a damaged file is started afresh; a busy one (another process's long write) is not ours to remove.
+    const code = String((err as { code?: unknown }).code ?? "");
+    if (!code.startsWith("SQLITE_CORRUPT") && !code.startsWith("SQLITE_NOTADB")) {
+      copy.close();
+      throw err;
+    }
     copy.close();
     ctx.log.warn({ db: name, path: copy.path, err: (err as Error).message }, "local copy's stamp unreadable: removing it and rebuilding from the cluster");
     for (const suffix of ["", "-wal", "-shm"]) rmSync(copy.path + suffix, { force: true });
