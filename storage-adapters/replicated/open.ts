@@ -7,7 +7,7 @@
 import { randomUUID } from "node:crypto";
 import { existsSync, rmSync } from "node:fs";
 import { ConfigError } from "../../src/errors.js";
-import { DatabaseNotFound } from "../../src/storage/errors.js";
+import { DatabaseNotFound, StorageUnavailable } from "../../src/storage/errors.js";
 import { forEachBatch, readEpochHead } from "./cluster-log.js";
 import type { Context } from "./context.js";
 import { ReplicatedDatabase } from "./database.js";
@@ -207,7 +207,7 @@ function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
     const code = String((err as { code?: unknown }).code ?? "");
     if (!code.startsWith("SQLITE_CORRUPT") && !code.startsWith("SQLITE_NOTADB")) {
       copy.close();
-      throw err;
+      throw new StorageUnavailable(`cannot open database "${name}": its local copy ${copy.path} could not be checked (${(err as Error).message}); another process may be writing it. Retry.`, { cause: err });
     }
     copy.close();
     ctx.log.warn({ db: name, path: copy.path, err: (err as Error).message }, "local copy's stamp unreadable: removing it and rebuilding from the cluster");
