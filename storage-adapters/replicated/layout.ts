@@ -61,11 +61,13 @@
  *  This needs the owner's local copy file to be its own database's. Two processes on one data dir and
  *  one cluster share it safely: a new owner changes the copy's contents only after its claim, which
  *  fences the old one. The file is named by the database name alone, so a copy is stamped with the
- *  database's id (`uid`, random) and its exact name, atomically on its first open, and opening
- *  refuses a copy stamped for another database (one of another etcd cluster, or a name differing
- *  only in case on a case-insensitive file system) instead of discarding it under a running owner
- *  (open.ts, ownCopy). Not covered: a copy written before copies were stamped is adopted by the first
- *  database that opens it.
+ *  database's id (`uid`, random) and its exact name, atomically on its first open, and every owner
+ *  holds a shared lock on a file beside it while it has it open. A copy stamped for another database
+ *  (another etcd cluster's, one deleted and created again, or a name differing only in case on a
+ *  case-insensitive file system) is taken over (discarded, it diverged) only under an exclusive lock
+ *  on that file, so never while any owner has it open; then the open is refused instead (open.ts,
+ *  ownCopy). Not covered: a copy written before copies were stamped is adopted by the first database
+ *  that opens it.
  *
  * Earlier versions also wrote one key per identity and compared it absent in every commit. That key
  * repeated what (1) to (3) already decide, and it cost every commit a compare and a put in etcd: about

@@ -40,6 +40,11 @@ export function localCopyPath(dataDir: string, name: string): string {
 /** Identities per lookup statement in `existing` (a power of two, far below SQLite's parameter limit). */
 const HELD_CHUNK = 256;
 
+/** The file beside a copy whose shared lock says an owner has the copy open (LocalCopy.holdInUse). */
+export function inUsePath(copyPath: string): string {
+  return `${copyPath}-inuse`;
+}
+
 /** The longest the owner's commits wait in memory before they are written to the copy. */
 export const FLUSH_MS = 50;
 /** Pending events that make the copy write at once. */
@@ -65,6 +70,8 @@ export function splitEvents(eventsJson: string): { events: NewEvent[]; jsons: st
 /** One database's local copy. Synchronous (better-sqlite3); every method may throw on a disk error. */
 export class LocalCopy {
   private readonly db: Database.Database;
+  /** The read transaction on the in-use file held while this copy is an owner's (holdInUse), or null. */
+  private inUse: Database.Database | null = null;
   private readonly stmt: {
     head: Database.Statement;
     hasIdentity: Database.Statement;
@@ -123,6 +130,62 @@ export class LocalCopy {
         return { uid: m.get("db_uid")!, name: m.get("db_name")! };
       })
       .immediate();
+  }
+
+  /**
+   * Marks this copy as open by its database's owner for as long as it stays open: a shared lock on
+   * the in-use file beside it (a read transaction in rollback-journal mode), released by close() and
+   * by the operating system when the process dies. Several owners of the same database may hold it
+   * at once (a fenced one and its successor); `whileUnused` fails while any does.
+   */
+  holdInUse(): void {
+    if (this.inUse !== null) return;
+    const lock = new Database(inUsePath(this.path));
+    try {
+      lock.pragma("journal_mode = DELETE");
+      lock.pragma("busy_timeout = 5000");
+      lock.exec("BEGIN");
+      lock.prepare("SELECT count(*) FROM sqlite_master").get();
+    } catch (err) {
+      lock.close();
+      throw err;
+    }
+    this.inUse = lock;
+  }
+
+  /** Runs `f` while no process holds this copy in use (holdInUse); returns false, without running it, when one does. */
+  whileUnused(f: () => void): boolean {
+    const probe = new Database(inUsePath(this.path));
+    try {
+      probe.pragma("busy_timeout = 0");
+      try {
+        probe.exec("BEGIN EXCLUSIVE");
+      } catch (err) {
+        if ((err as { code?: unknown }).code === "SQLITE_BUSY") return false;
+        throw err;
+      }
+      try {
+        f();
+      } finally {
+        probe.exec("ROLLBACK");
+      }
+      return true;
+    } finally {
+      probe.close();
+    }
+  }
+
+  /** Empties the copy, its stamp included, and stamps it for database `uid` named `name` (another database's copy, taken over). */
+  takeOver(uid: string, name: string): void {
+    this.dropPending();
+    this.db.transaction(() => {
+      this.db.exec("DELETE FROM events; DELETE FROM batches; DELETE FROM idarch; DELETE FROM meta;");
+      const put = this.db.prepare("INSERT INTO meta (key, value) VALUES (?, ?)");
+      put.run("db_uid", uid);
+      put.run("db_name", name);
+    })();
+    this.baseCache = null;
+    this.archive = null;
   }
 
   /** The highest seq held locally (the base when it holds no event after it; 0 when empty). */
@@ -435,6 +498,8 @@ export class LocalCopy {
     this.flushNow();
     this.dropPending();
     this.db.close();
+    this.inUse?.close();
+    this.inUse = null;
   }
 }
 

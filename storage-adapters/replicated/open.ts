@@ -190,12 +190,14 @@ async function ensureUid(ctx: Context, keys: Keys): Promise<string> {
 }
 
 /**
- * Opens the local copy of database `name` (id `uid`) and makes sure it is this database's. The copy is
- * the owner's only record of which identities the log holds (layout.ts), and its file is named by the
- * name alone, so a copy stamped for another database (another etcd cluster's, or a name differing
- * only in case on a case-insensitive file system) is refused, not discarded: its owner may be
- * running. An unstamped copy is stamped now. A copy SQLite finds damaged when stamping is started
- * afresh, like one it cannot open.
+ * Opens the local copy of database `name` (id `uid`) and makes sure it is this database's, and marks it
+ * in use. The copy is the owner's only record of which identities the log holds (layout.ts), and its
+ * file is named by the name alone, so a copy stamped for another database (another etcd cluster's,
+ * one deleted and created again, or a name differing only in case on a case-insensitive file system)
+ * is taken over (emptied, to be rebuilt from the cluster: it diverged) only when no process has it
+ * open; while one does, the open is refused, since that owner may be running on another cluster. An
+ * unstamped copy is stamped now. A copy SQLite finds damaged when stamping is started afresh, like one
+ * it cannot open.
  */
 function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
   let copy = openCopy(ctx, name);
@@ -215,12 +217,23 @@ function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
     copy = new LocalCopy(copy.path);
     stamp = copy.stamp(uid, name);
   }
-  if (stamp.uid === uid && stamp.name === name) return copy;
-  copy.close();
-  const whose = stamp.name === name ? `another database named "${name}" (id ${stamp.uid}; this one is ${uid})` : `database "${stamp.name}" (id ${stamp.uid})`;
-  throw new ConfigError(
-    `cannot open database "${name}": its local copy ${copy.path} belongs to ${whose}: one of another etcd cluster, or one deleted and created again. Give each etcd cluster its own dataDir (and never two database names that differ only in case on a case-insensitive file system). If that database is gone for good, remove the file and it is rebuilt from this cluster.`,
-  );
+  try {
+    if (stamp.uid !== uid || stamp.name !== name) {
+      const whose = stamp.name === name ? `another database named "${name}" (id ${stamp.uid}; this one is ${uid})` : `database "${stamp.name}" (id ${stamp.uid})`;
+      const current = copy;
+      if (!copy.whileUnused(() => current.takeOver(uid, name))) {
+        throw new ConfigError(
+          `cannot open database "${name}": its local copy ${copy.path} belongs to ${whose}, and a running process has it open (its owner on another etcd cluster sharing this dataDir, or a name differing only in case on a case-insensitive file system). Give each etcd cluster its own dataDir, and never two database names that differ only in case.`,
+        );
+      }
+      ctx.log.warn({ db: name, path: copy.path, was: stamp }, `local copy belonged to ${whose} and no process had it open: discarding it and rebuilding from the cluster`);
+    }
+    copy.holdInUse();
+    return copy;
+  } catch (err) {
+    copy.close();
+    throw err;
+  }
 }
 
 /** `Storage.open` for the replicated adapter. */

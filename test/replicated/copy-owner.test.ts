@@ -65,7 +65,7 @@ describe("the local copy's owner", () => {
 
     await assert.rejects(make(two, dataDir).open("shared"), (err: unknown) => {
       hasError("config")(err);
-      assert.match((err as Error).message, new RegExp(`its local copy ${path.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")} belongs to another database named "shared" \\(id ${stamped.db_uid}; this one is [0-9a-f-]{36}\\): one of another etcd cluster`));
+      assert.match((err as Error).message, new RegExp(`its local copy ${path.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")} belongs to another database named "shared" \\(id ${stamped.db_uid}; this one is [0-9a-f-]{36}\\), and a running process has it open`));
       assert.match((err as Error).message, /Give each etcd cluster its own dataDir/);
       return true;
     });
@@ -82,9 +82,27 @@ describe("the local copy's owner", () => {
     // The refused opener claimed nothing on the second cluster: its owner is not fenced.
     assert.deepEqual(await b.commit([ev("e2")]), { firstSeq: 2, lastSeq: 2 }, "the second cluster's owner was not fenced by the refused open");
     await b.close();
+
+    // Nobody has the shared copy open now: the second cluster's opener takes it over (it diverged:
+    // emptied, stamped again, rebuilt from its own cluster), and then the first cluster's opener is
+    // the one refused while that owner runs.
+    const c = await make(two, dataDir).open("shared");
+    assert.deepEqual(
+      (await c.read()).map((e) => e.identity),
+      ["e1", "e2"],
+      "rebuilt from the second cluster",
+    );
+    assert.notEqual(meta(path).db_uid, stamped.db_uid);
+    await assert.rejects(make(one, dataDir).open("shared"), /and a running process has it open/);
+    await c.close();
+    // And back: the first cluster's opener takes it over again, and refuses its identities as before.
+    const a2 = await make(one, dataDir).open("shared");
+    await assert.rejects(a2.commit([ev("e3")]), hasError("rejected", "duplicate_identity"));
+    assert.deepEqual(meta(path), stamped);
+    await a2.close();
   });
 
-  it("a copy stamped for another name (as two names differing only in case would share one file) is refused; an unstamped copy is stamped; a discarded copy keeps its stamp", async () => {
+  it("a copy stamped for another name (as two names differing only in case would share one file) is refused while in use and taken over when not; an unstamped copy is stamped; a discarded copy keeps its stamp", async () => {
     const dataDir = `${dirs.dir}/names`;
     const storage = make(one, dataDir);
     const db = await storage.open("Run1");
@@ -97,11 +115,20 @@ describe("the local copy's owner", () => {
     const file = new Sqlite(path);
     file.prepare("UPDATE meta SET value = 'run1' WHERE key = 'db_name'").run();
     file.close();
+    // While "run1"'s owner has it open, "Run1" is refused; once nobody has it open, it is taken over.
+    const runOne = new LocalCopy(path);
+    runOne.holdInUse();
     await assert.rejects(storage.open("Run1"), (err: unknown) => {
       hasError("config")(err);
-      assert.match((err as Error).message, /belongs to database "run1" \(id [0-9a-f-]{36}\)/);
+      assert.match((err as Error).message, /belongs to database "run1" \(id [0-9a-f-]{36}\), and a running process has it open/);
       return true;
     });
+    runOne.close();
+    const takenOver = await storage.open("Run1");
+    assert.deepEqual((await takenOver.read()).map((e) => e.identity), ["r1"], "rebuilt from the cluster");
+    await assert.rejects(takenOver.commit([ev("r1")]), hasError("rejected", "duplicate_identity"));
+    await takenOver.close();
+    assert.deepEqual(meta(path), stamped);
 
     // A copy written before copies were stamped: stamped at its next open, and used as it is.
     const legacy = new Sqlite(path);
@@ -137,6 +164,26 @@ describe("the local copy's owner", () => {
     } finally {
       etcd.close();
     }
+  });
+
+  it("a database deleted and created again under its name: the old copy, open nowhere, is discarded and the new log starts empty", async () => {
+    const dataDir = `${dirs.dir}/again`;
+    const storage = make(one, dataDir);
+    const db = await storage.open("again");
+    await db.commit([ev("old-1"), ev("old-2")]);
+    await db.close();
+    const before = meta(localCopyPath(dataDir, "again"));
+    const etcd = new Etcd3({ hosts: one.cluster.endpoints });
+    try {
+      await etcd.delete().prefix(keysOf("again").prefix);
+    } finally {
+      etcd.close();
+    }
+    const fresh = await storage.open("again");
+    assert.deepEqual(await fresh.read(), [], "the old incarnation's events are not in the new log");
+    assert.deepEqual(await fresh.commit([ev("old-1")]), { firstSeq: 1, lastSeq: 1 }, "the new database has its own identities");
+    await fresh.close();
+    assert.notEqual(meta(localCopyPath(dataDir, "again")).db_uid, before.db_uid);
   });
 
   it("stamping is one write transaction: an opener with another id gets the stamp in force back, not its own", () => {
