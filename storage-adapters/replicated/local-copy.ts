@@ -153,6 +153,12 @@ export class LocalCopy {
     this.inUse = lock;
   }
 
+  /** Gives up this copy's in-use lock (holdInUse), as close() does. */
+  releaseInUse(): void {
+    this.inUse?.close();
+    this.inUse = null;
+  }
+
   /** Runs `f` while no process holds this copy in use (holdInUse); returns false, without running it, when one does. */
   whileUnused(f: () => void): boolean {
     const probe = new Database(inUsePath(this.path));
@@ -498,8 +504,7 @@ export class LocalCopy {
     this.flushNow();
     this.dropPending();
     this.db.close();
-    this.inUse?.close();
-    this.inUse = null;
+    this.releaseInUse();
   }
 }
 

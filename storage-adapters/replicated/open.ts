@@ -174,9 +174,14 @@ function openCopy(ctx: Context, name: string): LocalCopy {
   } catch (err) {
     if (!existsSync(path)) throw err;
     ctx.log.warn({ db: name, path, err: (err as Error).message }, "local copy unreadable: removing it and rebuilding from the cluster");
-    for (const suffix of ["", "-wal", "-shm"]) rmSync(path + suffix, { force: true });
+    removeCopyFiles(path);
     return new LocalCopy(path);
   }
+}
+
+/** Removes a copy's SQLite files (not its in-use file: other processes may hold it). */
+function removeCopyFiles(path: string): void {
+  for (const suffix of ["", "-wal", "-shm"]) rmSync(path + suffix, { force: true });
 }
 
 /**
@@ -195,31 +200,36 @@ async function ensureUid(ctx: Context, keys: Keys): Promise<string> {
  * file is named by the name alone, so a copy stamped for another database (another etcd cluster's,
  * one deleted and created again, or a name differing only in case on a case-insensitive file system)
  * is taken over (emptied, to be rebuilt from the cluster: it diverged) only when no process has it
- * open; while one does, the open is refused, since that owner may be running on another cluster. An
- * unstamped copy is stamped now. A copy SQLite finds damaged when stamping is started afresh, like one
- * it cannot open.
+ * open; while one does, the open is refused, since that owner may be running on another cluster.
+ *
+ * The in-use lock is taken BEFORE the stamp is read, and a take-over needs the exclusive lock, so a
+ * copy whose stamp an opener found to be its own cannot be taken over until that opener closes it.
+ * An unstamped copy is stamped now. A copy SQLite finds damaged when stamping is started afresh, like
+ * one it cannot open.
  */
 function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
   let copy = openCopy(ctx, name);
-  let stamp: { uid: string; name: string };
   try {
-    stamp = copy.stamp(uid, name);
-  } catch (err) {
-    // Only a damaged file is started afresh; a busy one (another process's long write) is not ours to remove.
-    const code = String((err as { code?: unknown }).code ?? "");
-    if (!code.startsWith("SQLITE_CORRUPT") && !code.startsWith("SQLITE_NOTADB")) {
-      copy.close();
-      throw new StorageUnavailable(`cannot open database "${name}": its local copy ${copy.path} could not be checked (${(err as Error).message}); another process may be writing it. Retry.`, { cause: err });
-    }
-    copy.close();
-    ctx.log.warn({ db: name, path: copy.path, err: (err as Error).message }, "local copy's stamp unreadable: removing it and rebuilding from the cluster");
-    for (const suffix of ["", "-wal", "-shm"]) rmSync(copy.path + suffix, { force: true });
-    copy = new LocalCopy(copy.path);
-    stamp = copy.stamp(uid, name);
-  }
-  try {
-    if (stamp.uid !== uid || stamp.name !== name) {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      copy.holdInUse();
+      let stamp: { uid: string; name: string };
+      try {
+        stamp = copy.stamp(uid, name);
+      } catch (err) {
+        // Only a damaged file is started afresh; a busy one (another process's long write) is not ours to remove.
+        const code = String((err as { code?: unknown }).code ?? "");
+        if (!code.startsWith("SQLITE_CORRUPT") && !code.startsWith("SQLITE_NOTADB")) {
+          throw new StorageUnavailable(`cannot open database "${name}": its local copy ${copy.path} could not be checked (${(err as Error).message}); another process may be writing it. Retry.`, { cause: err });
+        }
+        copy.close();
+        ctx.log.warn({ db: name, path: copy.path, err: (err as Error).message }, "local copy's stamp unreadable: removing it and rebuilding from the cluster");
+        removeCopyFiles(copy.path);
+        copy = new LocalCopy(copy.path);
+        continue;
+      }
+      if (stamp.uid === uid && stamp.name === name) return copy;
       const whose = stamp.name === name ? `another database named "${name}" (id ${stamp.uid}; this one is ${uid})` : `database "${stamp.name}" (id ${stamp.uid})`;
+      copy.releaseInUse();
       const current = copy;
       if (!copy.whileUnused(() => current.takeOver(uid, name))) {
         throw new ConfigError(
@@ -227,9 +237,9 @@ function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
         );
       }
       ctx.log.warn({ db: name, path: copy.path, was: stamp }, `local copy belonged to ${whose} and no process had it open: discarding it and rebuilding from the cluster`);
+      // Looked at again under the in-use lock: another opener may have taken it over in between.
     }
-    copy.holdInUse();
-    return copy;
+    throw new StorageUnavailable(`cannot open database "${name}": its local copy ${copy.path} was taken over by other openers three times while this one opened it; retry.`);
   } catch (err) {
     copy.close();
     throw err;

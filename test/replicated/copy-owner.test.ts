@@ -5,6 +5,9 @@
  * refused at open and left untouched: its own owner may be running. Two real three-member clusters.
  */
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdirSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
 import Sqlite from "better-sqlite3";
 import type { Storage } from "../../src/storage/contract.js";
@@ -184,6 +187,34 @@ describe("the local copy's owner", () => {
     assert.deepEqual(await fresh.commit([ev("old-1")]), { firstSeq: 1, lastSeq: 1 }, "the new database has its own identities");
     await fresh.close();
     assert.notEqual(meta(localCopyPath(dataDir, "again")).db_uid, before.db_uid);
+  });
+
+  it("a copy held by another process: refused while that process is frozen (SIGSTOP), taken over once it is killed (SIGKILL)", async () => {
+    const dataDir = `${dirs.dir}/frozen`;
+    const path = localCopyPath(dataDir, "frozen");
+    mkdirSync(dataDir, { recursive: true });
+    // Another database's owner, on another cluster, in another process.
+    const child = spawn(process.execPath, ["--import", "tsx", fileURLToPath(new URL("./hold-copy-child.ts", import.meta.url)), path, "00000000-0000-4000-8000-000000000000", "frozen"], {
+      stdio: ["ignore", "pipe", "inherit"],
+    });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        child.stdout.on("data", (d: Buffer) => d.toString().includes("held") && resolve());
+        child.once("exit", (code) => reject(new Error(`the holder exited (${code}) before it held the copy`)));
+      });
+      child.kill("SIGSTOP");
+      const storage = make(one, dataDir);
+      await assert.rejects(storage.open("frozen"), /and a running process has it open/, "a frozen holder still holds the copy");
+      assert.equal(meta(path).db_uid, "00000000-0000-4000-8000-000000000000", "the frozen holder's copy was left alone");
+      child.kill("SIGKILL");
+      await new Promise((resolve) => child.once("exit", resolve));
+      const db = await storage.open("frozen");
+      assert.deepEqual(await db.commit([ev("f1")]), { firstSeq: 1, lastSeq: 1 });
+      await db.close();
+      assert.notEqual(meta(path).db_uid, "00000000-0000-4000-8000-000000000000", "taken over once its holder was gone");
+    } finally {
+      child.kill("SIGKILL");
+    }
   });
 
   it("stamping is one write transaction: an opener with another id gets the stamp in force back, not its own", () => {
