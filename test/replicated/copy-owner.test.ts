@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdirSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, openSync, statSync, writeSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
 import Sqlite from "better-sqlite3";
@@ -16,7 +16,7 @@ import { LocalCopy } from "../../storage-adapters/replicated/local-copy.js";
 import { keysOf } from "../../storage-adapters/replicated/layout.js";
 import { Etcd3 } from "etcd3";
 import { hasError } from "../../src/storage/conformance/fixtures.js";
-import { devCluster, ev, tempDir } from "./helpers.js";
+import { captureLogger, devCluster, ev, tempDir } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
 
 describe("the local copy's owner", () => {
@@ -215,6 +215,53 @@ describe("the local copy's owner", () => {
     } finally {
       child.kill("SIGKILL");
     }
+  });
+
+  it("a copy whose stamp SQLite finds damaged (SQLITE_CORRUPT) is started afresh and rebuilt from the cluster; duplicate refusal stays exact", async () => {
+    const dataDir = `${dirs.dir}/damaged`;
+    const path = localCopyPath(dataDir, "damaged");
+    const logger = captureLogger();
+    const storage = createReplicatedStorage({ endpoints: one.cluster.endpoints, dataDir, commitTimeoutMs: 5000, logger });
+    storages.push(storage);
+    const db = await storage.open("damaged");
+    await db.commit([ev("d1"), ev("d2")]);
+    await db.commit([ev("d3")]);
+    await db.close();
+    // The pages of the meta table and of its key's index overwritten with garbage. The file still
+    // opens (its schema on page 1 is intact), so only stamping, the first read of meta, meets the damage.
+    const file = new Sqlite(path);
+    const pageSize = file.pragma("page_size", { simple: true }) as number;
+    const roots = (file.prepare("SELECT rootpage FROM sqlite_master WHERE tbl_name = 'meta'").all() as { rootpage: number }[]).map((r) => r.rootpage);
+    file.close();
+    assert.ok(roots.length >= 1 && roots.every((r) => r > 1), `meta's pages: ${roots.join(", ")}`);
+    assert.equal(existsSync(`${path}-wal`) && statSync(`${path}-wal`).size > 0, false, "the copy was checkpointed at close");
+    const fd = openSync(path, "r+");
+    try {
+      for (const root of roots) writeSync(fd, Buffer.alloc(pageSize, 0xa5), 0, pageSize, (root - 1) * pageSize);
+    } finally {
+      closeSync(fd);
+    }
+    const probe = new LocalCopy(path);
+    try {
+      assert.throws(() => probe.stamp("x", "damaged"), (err: { code?: string }) => /^SQLITE_(CORRUPT|NOTADB)/.test(String(err.code)), "the damage is met by stamping");
+    } finally {
+      probe.close();
+    }
+
+    const again = await storage.open("damaged");
+    assert.ok(
+      logger.lines.some((l) => l.includes("local copy's stamp unreadable")),
+      `the damaged stamp was reported: ${logger.lines.join("\n")}`,
+    );
+    assert.deepEqual(
+      (await again.read()).map((e) => e.identity),
+      ["d1", "d2", "d3"].map((id) => ev(id).identity),
+      "the copy was rebuilt from the cluster",
+    );
+    await assert.rejects(again.commit([ev("d2")]), hasError("rejected", "duplicate_identity"), "an identity from before the damage is still refused");
+    assert.deepEqual(await again.commit([ev("d4")]), { firstSeq: 4, lastSeq: 4 });
+    await again.close();
+    assert.equal(meta(path).db_name, "damaged", "the new copy is stamped");
   });
 
   it("stamping is one write transaction: an opener with another id gets the stamp in force back, not its own", () => {
