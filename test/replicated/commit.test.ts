@@ -10,6 +10,7 @@ import { Etcd3 } from "etcd3";
 import type { Storage } from "../../src/storage/contract.js";
 import { MAX_BATCH_BYTES, MAX_BATCH_EVENTS, createReplicatedStorage, type ReplicatedStats } from "../../storage-adapters/replicated/index.js";
 import { AT, devCluster, ev, tempDir } from "./helpers.js";
+import { keysOf } from "../../storage-adapters/replicated/layout.js";
 import { event } from "../../src/state/events.js";
 import { exitAfterTests } from "../support/exit.js";
 
@@ -227,6 +228,14 @@ describe("replicated commits", () => {
     assert.deepEqual(ids.slice(40).sort(), landed.sort(), "the log holds exactly the commits that resolved");
     const txns = (db.stats() as ReplicatedStats).commitTxns - before;
     assert.ok(txns >= Math.ceil(landed.length / 127) && txns <= 8, `${landed.length} commits went in a few groups of at most 127 (${txns} transactions)`);
+    // The groups as etcd holds them: the records one transaction wrote share its revision.
+    const records = await etcd.getAll().prefix(keysOf("queued-dups").logPrefix).exec();
+    const perTxn = new Map<string, number>();
+    for (const kv of records.kvs) perTxn.set(kv.mod_revision, (perTxn.get(kv.mod_revision) ?? 0) + 1);
+    const sizes = [...perTxn.values()];
+    assert.equal(sizes.reduce((a, b) => a + b, 0), 2 + landed.length, "one record per commit");
+    assert.ok(Math.max(...sizes) <= 127, `no group over 127 commits (etcd's 128 operations, the head's put included): ${sizes.join(", ")}`);
+    assert.ok(sizes.includes(127), `the queued commits filled a group to the limit (all 300 were queued before the first transaction returned): ${sizes.join(", ")}`);
     await db.close();
   });
 
