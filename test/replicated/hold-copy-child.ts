@@ -1,6 +1,6 @@
 /**
  * Child process for copy-owner.test.ts: opens the local copy at argv[2] as database argv[4] (id
- * argv[3]) the way an owner does (stamp, then the in-use lock), says "held", and waits to be stopped
+ * argv[3]) the way an owner does (the in-use lock, then the stamp), says "held", and waits to be stopped
  * or killed.
  */
 import { LocalCopy } from "../../storage-adapters/replicated/local-copy.js";
