@@ -273,9 +273,11 @@ export interface Storage {
  * idea). `commit:before` runs before anything is sent or written: a throw there is a plain failure and
  * nothing is durable. `commit:after-durable` runs after the commit is durable and before the caller
  * learns of it: a throw there is the lost acknowledgement, and the adapter must report StorageFailure
- * and poison the handle. Unused in production (undefined: no cost).
+ * and poison the handle. `open:before-claim` (replicated adapter only) runs when an open has checked
+ * the local copy against the database's id and is about to claim the epoch: a test changes the
+ * database there. Unused in production (undefined: no cost).
  */
-export type FaultPoint = "commit:before" | "commit:after-durable";
+export type FaultPoint = "commit:before" | "commit:after-durable" | "open:before-claim";
 export type FaultHook = (point: FaultPoint) => void | Promise<void>;
 
 /** Limits every adapter enforces the same way: a mailbox holds at most this many unacknowledged messages. */

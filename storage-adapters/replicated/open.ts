@@ -72,14 +72,33 @@ interface Claimed {
   waitFor: LeaseRef[];
 }
 
+/** The database as a read saw it: its epoch (null: absent), head, revision and id. */
+type EpochHead = Awaited<ReturnType<typeof readEpochHead>>;
+
 /**
  * Claims the next epoch of `name` (creating the database unless `create` is false), and in the same
  * transaction records this owner's lease in `<db>/owner`, reading the record it replaces.
+ *
+ * `checked` is the id the local copy was checked against (null: not checked yet, the database was
+ * absent). The claim compares it in its transaction, so a database deleted and created again since
+ * that check (a new id, perhaps at the same epoch) is never claimed with a copy stamped for the old
+ * one; nor is one created by another opener since this open found none. Either way nothing is
+ * claimed, and the caller checks the copy again against `restart` (the database as it is now).
  */
-async function claim(ctx: Context, keys: Keys, name: string, create: boolean, lease: string, first: { epoch: number | null }): Promise<Claimed> {
+async function claim(
+  ctx: Context,
+  keys: Keys,
+  name: string,
+  create: boolean,
+  lease: string,
+  first: EpochHead,
+  checked: string | null,
+): Promise<Claimed | { restart: EpochHead }> {
   const ttlMs = ctx.opts.livenessMs;
   for (let attempt = 0; attempt < MAX_CLAIMS; attempt++) {
     const current = attempt === 0 ? first : await readEpochHead(ctx, keys);
+    // A database made before ids existed has none until ensureUid writes one (then `checked` is it).
+    if (current.uid !== checked && !(current.epoch !== null && current.uid === null && checked === null)) return { restart: current };
     if (current.epoch === null) {
       if (!create) throw new DatabaseNotFound(name);
       const uid = randomUUID();
@@ -92,10 +111,10 @@ async function claim(ctx: Context, keys: Keys, name: string, create: boolean, le
     }
     const next = current.epoch + 1;
     // The previous record is read before it is replaced, in the same transaction.
-    const previous = current.epoch === null ? null : await peekOwner(ctx, keys);
+    const previous = await peekOwner(ctx, keys);
     const waitFor = previous === null ? [] : [{ lease: previous.lease, host: previous.host, pid: previous.pid }, ...previous.pending];
     const res = await ctx.txn(
-      [valueIs(keys.epoch, String(current.epoch))],
+      [valueIs(keys.epoch, String(current.epoch)), ...(checked === null ? [] : [valueIs(keys.uid, checked)])],
       [put(keys.epoch, String(next)), get(keys.head), get(keys.liveness), putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, waitFor), lease), get(keys.uid)],
     );
     if (!res.succeeded) continue;
@@ -246,29 +265,47 @@ function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
   }
 }
 
+/** How many times an open checks the local copy again because the database changed under it. */
+const MAX_RECHECKS = 5;
+
 /** `Storage.open` for the replicated adapter. */
 export async function openReplicatedDatabase(ctx: Context, name: string, create: boolean, onClose: (db: ReplicatedDatabase) => void): Promise<ReplicatedDatabase> {
   checkDatabaseName(name);
   const keys = keysOf(name);
-  let first: Awaited<ReturnType<typeof readEpochHead>>;
-  let uid: string | null = null;
+  let current: EpochHead;
   try {
-    first = await readEpochHead(ctx, keys);
-    if (first.epoch !== null) uid = first.uid ?? (await ensureUid(ctx, keys));
+    current = await readEpochHead(ctx, keys);
+    if (current.epoch !== null && current.uid === null) current = { ...current, uid: await ensureUid(ctx, keys) };
   } catch (err) {
     throw ctx.fail(err, "open", name);
   }
-  if (first.epoch === null && !create) throw new DatabaseNotFound(name);
-  // An existing database's copy is checked before the claim, so that a refused open fences nobody.
-  // A database created by this open has nobody to fence: its copy is checked right after.
-  let copy = uid === null ? null : ownCopy(ctx, name, uid);
-  let claimed: Claimed;
+  let copy: LocalCopy | null = null;
+  let claimed: Claimed | null = null;
   let lease: ReplicatedLease;
   try {
     const grantedAt = performance.now();
-    const leaseId = await grantLease(ctx, ctx.opts.livenessMs);
-    claimed = await claim(ctx, keys, name, create, leaseId, first);
-    lease = new ReplicatedLease(ctx, name, keys, claimed.epoch, leaseId, ctx.opts.livenessMs, claimed.waitFor, grantedAt);
+    let leaseId: string | null = null;
+    for (let check = 0; claimed === null; check++) {
+      if (current.epoch === null && !create) throw new DatabaseNotFound(name);
+      if (check > MAX_RECHECKS) {
+        throw new StorageUnavailable(`cannot open database "${name}": it was deleted or created again ${MAX_RECHECKS} times while this open checked its local copy; retry.`);
+      }
+      // An existing database's copy is checked before the claim, so that a refused open fences nobody.
+      // A database created by this open has nobody to fence: its copy is checked right after.
+      copy = current.uid === null ? null : ownCopy(ctx, name, current.uid);
+      await ctx.opts.faults?.("open:before-claim");
+      leaseId ??= await grantLease(ctx, ctx.opts.livenessMs);
+      const outcome = await claim(ctx, keys, name, create, leaseId, current, current.uid);
+      if ("restart" in outcome) {
+        ctx.log.info({ db: name, checked: current.uid, now: outcome.restart.uid }, "database deleted or created again while it was being opened: checking its local copy again");
+        copy?.close();
+        copy = null;
+        current = outcome.restart;
+        continue;
+      }
+      claimed = outcome;
+    }
+    lease = new ReplicatedLease(ctx, name, keys, claimed.epoch, leaseId!, ctx.opts.livenessMs, claimed.waitFor, grantedAt);
     lease.start();
   } catch (err) {
     copy?.close();

@@ -189,6 +189,77 @@ describe("the local copy's owner", () => {
     assert.notEqual(meta(localCopyPath(dataDir, "again")).db_uid, before.db_uid);
   });
 
+  it("a database deleted and created again between an open's check of its copy and its claim (same epoch, new id): the claim is refused by its id, the copy checked again and rebuilt, and it ends stamped with the new id", async () => {
+    const dataDir = `${dirs.dir}/window`;
+    const old = await make(one, dataDir).open("window");
+    await old.commit([ev("old-1"), ev("old-2")]);
+    await old.close();
+    const oldUid = meta(localCopyPath(dataDir, "window")).db_uid;
+    const etcd = new Etcd3({ hosts: one.cluster.endpoints });
+    let reached = 0;
+    let recreatedUid: string | null = null;
+    const storage = createReplicatedStorage({
+      endpoints: one.cluster.endpoints,
+      dataDir,
+      commitTimeoutMs: 5000,
+      faults: async (point) => {
+        if (point !== "open:before-claim") return;
+        reached++;
+        if (reached > 1) return;
+        // Inside the window: the old database is deleted, and another process on another data dir
+        // creates one under the same name, commits and closes it. It is at epoch 1, as the old one was.
+        await etcd.delete().prefix(keysOf("window").prefix);
+        const other = await make(one, `${dirs.dir}/window-other`).open("window");
+        await other.commit([ev("new-1")]);
+        await other.close();
+        recreatedUid = await etcd.get(keysOf("window").uid).string();
+        assert.equal(await etcd.get(keysOf("window").epoch).string(), "1", "the new database is at the epoch the open read");
+      },
+    });
+    storages.push(storage);
+    try {
+      const db = await storage.open("window");
+      assert.equal(reached, 2, "the copy was checked again before the claim");
+      assert.notEqual(recreatedUid, oldUid);
+      assert.equal(meta(localCopyPath(dataDir, "window")).db_uid, recreatedUid, "the copy is stamped with the id of the database it serves");
+      assert.deepEqual((await db.read()).map((e) => e.identity), ["new-1"], "rebuilt from the new database");
+      await assert.rejects(db.commit([ev("new-1")]), hasError("rejected", "duplicate_identity"));
+      assert.deepEqual(await db.commit([ev("old-1")]), { firstSeq: 2, lastSeq: 2 }, "the old database's identities are not the new one's");
+      await db.close();
+    } finally {
+      etcd.close();
+    }
+  });
+
+  it("a database created by another opener after this open found none: this open checks its copy before claiming, so when the copy is refused the creator is not fenced", async () => {
+    const dataDir = `${dirs.dir}/created-meanwhile`;
+    // The copy file for "meanwhile" in this data dir is held open by its owner on the second cluster.
+    const holder = await make(two, dataDir).open("meanwhile");
+    await holder.commit([ev("two-1")]);
+    let creator: Awaited<ReturnType<Storage["open"]>> | null = null;
+    let reached = 0;
+    const storage = createReplicatedStorage({
+      endpoints: one.cluster.endpoints,
+      dataDir,
+      commitTimeoutMs: 5000,
+      faults: async (point) => {
+        if (point !== "open:before-claim" || reached++ > 0) return;
+        // The open found no "meanwhile" on the first cluster; another process creates it now, and runs.
+        creator = await make(one, `${dirs.dir}/meanwhile-creator`).open("meanwhile");
+        await creator.commit([ev("one-1")]);
+      },
+    });
+    storages.push(storage);
+    await assert.rejects(storage.open("meanwhile"), /belongs to another database named "meanwhile" .*and a running process has it open/);
+    assert.equal(reached, 1, "refused when the copy was checked again, before a second claim could start");
+    assert.ok(creator !== null);
+    const running: Awaited<ReturnType<Storage["open"]>> = creator;
+    assert.deepEqual(await running.commit([ev("one-2")]), { firstSeq: 2, lastSeq: 2 }, "the creator was not fenced by the refused open");
+    assert.deepEqual(await holder.commit([ev("two-2")]), { firstSeq: 2, lastSeq: 2 }, "nor was the copy's holder");
+    await running.close();
+    await holder.close();
+  });
+
   it("a copy held by another process: refused while that process is frozen (SIGSTOP), taken over once it is killed (SIGKILL)", async () => {
     const dataDir = `${dirs.dir}/frozen`;
     const path = localCopyPath(dataDir, "frozen");
