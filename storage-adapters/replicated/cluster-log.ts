@@ -17,11 +17,21 @@ const PAGE = 48;
 /**
  * The epoch and head of a database as the cluster holds them now (epoch null when it does not exist),
  * and its id (null when it has none: it does not exist, or was created before ids existed).
+ * `epochRevision` is the epoch key's mod revision: the revision of the claim that wrote it.
  */
-export async function readEpochHead(ctx: Context, keys: Keys): Promise<{ epoch: number | null; head: number; revision: string; uid: string | null }> {
+export async function readEpochHead(
+  ctx: Context,
+  keys: Keys,
+): Promise<{ epoch: number | null; epochRevision: string | null; head: number; revision: string; uid: string | null }> {
   const res = await ctx.txn([], [get(keys.epoch), get(keys.head), get(keys.uid)]);
-  const epoch = valueOf(res.responses, 0);
-  return { epoch: epoch === null ? null : Number(epoch), head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 2) };
+  const epoch = kvsOf(res.responses, 0)[0];
+  return {
+    epoch: epoch === undefined ? null : Number(epoch.value.toString("utf8")),
+    epochRevision: epoch === undefined ? null : epoch.mod_revision,
+    head: Number(valueOf(res.responses, 1) ?? "0"),
+    revision: res.header.revision,
+    uid: valueOf(res.responses, 2),
+  };
 }
 
 /**

@@ -11,8 +11,10 @@
  * the sessions; committers that come back together (a closed loop of commits) are not held up, and a
  * lone committer never waits.
  *
- * The transaction is guarded by `epoch == mine AND head == expected`, so a fenced process can never
- * append and a retry can never append twice. Duplicate identities are refused here, before anything is
+ * The transaction is guarded by `the epoch key is as my claim wrote it AND head == expected` (the
+ * first is ops.ts `ownerGuard`: the key's mod revision is the claim's, which no later claim, nor a
+ * database deleted and created again at the same epoch number, can keep), so a fenced process can
+ * never append and a retry can never append twice. Duplicate identities are refused here, before anything is
  * sent, from the local copy, which holds every identity of the log (layout.ts says why that is exact):
  * a commit made while nothing is queued or in flight is checked at once; the others are checked
  * together when their group is taken, in one lookup for the group.
@@ -20,7 +22,7 @@
  * Unknown outcomes (deadline, lost connection, no quorum) are resolved by sending the same guarded
  * transaction again after a backoff: its failure branch reads back the epoch, the head and the record
  * at our first seq in the same round trip. Our token there: it was durable. Head unchanged: the retry
- * applies it. Epoch moved: fenced, nothing of ours was written. Anything else, or the handle closing
+ * applies it. Epoch key written since our claim: fenced, nothing of ours was written. Anything else, or the handle closing
  * while unsure: StorageFailure and the handle is poisoned. While the quorum is lost this waits
  * (onOutage "wait") with no limit; onOutage "reject" refuses new commits once the backlog is full.
  */
@@ -35,12 +37,14 @@ import type { Context } from "./context.js";
 import { classifyEtcdError } from "./etcd-errors.js";
 import { MAX_BATCH_BYTES, MAX_BATCH_EVENTS, MAX_TXN_OPS, chainHash, decodeBatch, encodeBatch, type BatchRecord, type Keys } from "./layout.js";
 import type { LocalCopy } from "./local-copy.js";
-import { get, kvsOf, put, valueIs, valueOf } from "./ops.js";
+import { fencedBy, get, kvsOf, ownerGuard, put, valueIs, valueOf } from "./ops.js";
 
 /** What the pipeline needs from its handle. */
 export interface PipelineInit {
   readonly name: string;
   readonly epoch: number;
+  /** The etcd revision of this owner's epoch claim: the owner's guard (ops.ts `ownerGuard`). */
+  readonly claimRevision: string;
   readonly keys: Keys;
   readonly copy: LocalCopy;
   readonly head: number;
@@ -326,7 +330,7 @@ export class CommitPipeline {
       return { header: { v: 1, first, last, epoch, token, hash }, eventsJson: p.eventsJson };
     });
     const newHead = seq - 1;
-    const compare = [valueIs(keys.epoch, String(epoch)), valueIs(keys.head, String(expected))];
+    const compare = [ownerGuard(keys.epoch, this.init.claimRevision), valueIs(keys.head, String(expected))];
     const success = [...records.map((r) => put(keys.log(r.header.first), encodeBatch(r))), put(keys.head, String(newHead))];
     const readBack = [get(keys.epoch), get(keys.head), get(keys.log(expected + 1))];
 
@@ -403,19 +407,19 @@ export class CommitPipeline {
 
   /** Reads the failure branch: epoch, head and the record at our first seq. */
   private decide(responses: readonly IResponseOp[], expected: number, token: string): Outcome {
-    const epoch = valueOf(responses, 0);
     const headValue = valueOf(responses, 1);
     const kv = kvsOf(responses, 2)[0];
     if (kv) {
       const record = decodeBatch(kv.key.toString("utf8"), kv.value.toString("utf8"));
       if (record.header.token === token) return { kind: "ok" };
     }
-    if (epoch === null || Number(epoch) !== this.init.epoch) return { kind: "fenced", epoch: epoch === null ? null : Number(epoch) };
+    const fencer = fencedBy(responses, 0, this.init.epoch, this.init.claimRevision);
+    if (fencer !== null) return { kind: "fenced", epoch: fencer.epoch };
     if (headValue === null) return { kind: "damaged", reason: `the head key was removed outside Cairn under this owner's epoch (it held ${expected})` };
     if (Number(headValue) !== expected) return { kind: "unknown", reason: `the cluster's head moved from ${expected} to ${headValue} under this owner's epoch without this commit` };
-    // Both guards read back as they were compared, yet the transaction was refused: only a value
+    // Both guards read back as they were compared, yet the transaction was refused: only a head
     // rewritten outside Cairn in another form (say "01" for 1) gets here.
-    return { kind: "damaged", reason: `the epoch (${epoch}) and head (${headValue}) read back as this owner expects, yet etcd refused the guard: one of them was rewritten outside Cairn` };
+    return { kind: "damaged", reason: `the epoch key (as this owner's claim wrote it) and the head (${headValue}) read back as this owner expects, yet etcd refused the guard: the head was rewritten outside Cairn` };
   }
 
   private async applied(group: readonly Pending[], records: readonly BatchRecord[]): Promise<void> {

@@ -1,11 +1,14 @@
 /**
  * An owned replicated database: the handle `Storage.open` returns.
  *
- * Ownership: the handle holds the epoch it claimed. Every request that must be the owner's is
- * guarded by `epoch == mine` in etcd itself (commit, drain, ack) or preceded by a linearizable read
- * of the epoch (read, head), and a watch on the epoch key fences the handle as soon as a newer opener
- * claims the database. Commits go through `CommitPipeline` (commit-pipeline.ts).
+ * Ownership: the handle holds the epoch it claimed, and the revision of that claim. Every request
+ * that must be the owner's is guarded in etcd itself by the epoch key being as the claim wrote it
+ * (ops.ts `ownerGuard`: commit, drain, ack, snapshots) or preceded by a linearizable read of that key
+ * (read, head), and a watch on the epoch key fences the handle as soon as anyone else writes it: a
+ * newer opener's claim, or the database deleted and created again outside Cairn, whose epoch starts
+ * again at 1 and may equal this owner's. Commits go through `CommitPipeline` (commit-pipeline.ts).
  */
+import type { ICompare, IResponseOp } from "etcd3";
 import type { LogEvent, NewEvent } from "../../src/state/events.js";
 import type { CommitReceipt, Database, DatabaseSignal, DatabaseStats, MailboxMessage, PostedMessage, StoredSnapshot } from "../../src/storage/contract.js";
 import { readSnapshot, writeSnapshot } from "./snapshots.js";
@@ -19,7 +22,7 @@ import type { Keys } from "./layout.js";
 import type { ReplicatedLease } from "./liveness.js";
 import type { LocalCopy } from "./local-copy.js";
 import { ResilientWatch } from "./watch.js";
-import { count, del, get, kvsOf, prefixEnd, range, valueIs, valueOf } from "./ops.js";
+import { count, del, fencedBy, get, kvsOf, ownerGuard, prefixEnd, range } from "./ops.js";
 
 /** Mailbox messages deleted per ack transaction (two deletes each, under MAX_TXN_OPS). */
 const ACK_CHUNK = 60;
@@ -84,6 +87,7 @@ export class ReplicatedDatabase implements Database {
     this.pipeline = new CommitPipeline(ctx, {
       name: init.name,
       epoch: init.epoch,
+      claimRevision: init.claimRevision,
       keys: init.keys,
       copy: init.copy,
       head: init.head,
@@ -105,14 +109,16 @@ export class ReplicatedDatabase implements Database {
       what: "epoch",
       key: this.keys.epoch,
       startRevision: after,
+      // The watch starts after this owner's claim, so any write of the epoch key is another's: a
+      // claim, or (outside Cairn) the database deleted and created again, perhaps at this epoch.
       onPut: (kv) => {
         const e = Number(kv.value.toString("utf8"));
-        if (e !== this.epoch) this.markFenced(e);
+        this.markFenced(e === this.epoch ? null : e);
       },
       onDelete: () => this.markFenced(null),
       recheck: async () => {
         const state = await readEpochHead(this.ctx, this.keys);
-        if (state.epoch !== this.epoch) this.markFenced(state.epoch);
+        if (!this.ownsEpoch(state)) this.markFenced(state.epoch === this.epoch ? null : state.epoch);
       },
     });
     this.watchers.push(epochWatch);
@@ -164,7 +170,13 @@ export class ReplicatedDatabase implements Database {
     this.guard();
     const head = await this.ownedHead("write a snapshot of");
     try {
-      await writeSnapshot(this.ctx, { name: this.name, epoch: this.epoch, keys: this.keys, copy: this.copy, fenced: (current) => this.fenceError(current) }, seq, data, head);
+      await writeSnapshot(
+        this.ctx,
+        { name: this.name, epoch: this.epoch, claimRevision: this.init.claimRevision, keys: this.keys, copy: this.copy, fenced: (current) => this.fenceError(current) },
+        seq,
+        data,
+        head,
+      );
     } catch (err) {
       throw this.ctx.fail(err, "write a snapshot of", this.name);
     }
@@ -184,11 +196,11 @@ export class ReplicatedDatabase implements Database {
     this.guard();
     let res;
     try {
-      res = await this.ctx.txn([valueIs(this.keys.epoch, String(this.epoch))], [range(this.keys.mailPrefix, prefixEnd(this.keys.mailPrefix))], [get(this.keys.epoch)]);
+      res = await this.ctx.txn([this.guardOp()], [range(this.keys.mailPrefix, prefixEnd(this.keys.mailPrefix))], [get(this.keys.epoch)]);
     } catch (err) {
       throw this.ctx.fail(err, "drain the mailbox of", this.name);
     }
-    if (!res.succeeded) this.fencedNow(valueOf(res.responses, 0));
+    if (!res.succeeded) this.refused(res.responses);
     return kvsOf(res.responses, 0).map((kv) => {
       const mseq = Number(kv.key.toString("utf8").slice(this.keys.mailPrefix.length));
       return { ...(JSON.parse(kv.value.toString("utf8")) as MailboxMessage), mseq };
@@ -202,8 +214,8 @@ export class ReplicatedDatabase implements Database {
     const end = Buffer.from(this.keys.mail(upTo + 1));
     try {
       for (;;) {
-        const res = await this.ctx.txn([valueIs(this.keys.epoch, String(this.epoch))], [range(this.keys.mailPrefix, end, ACK_CHUNK)], [get(this.keys.epoch)]);
-        if (!res.succeeded) this.fencedNow(valueOf(res.responses, 0));
+        const res = await this.ctx.txn([this.guardOp()], [range(this.keys.mailPrefix, end, ACK_CHUNK)], [get(this.keys.epoch)]);
+        if (!res.succeeded) this.refused(res.responses);
         const kvs = kvsOf(res.responses, 0);
         if (kvs.length === 0) return;
         const deletes = kvs.flatMap((kv) => {
@@ -211,8 +223,8 @@ export class ReplicatedDatabase implements Database {
           const id = (JSON.parse(kv.value.toString("utf8")) as MailboxMessage).id;
           return [del(key), del(this.keys.mailId(id))];
         });
-        const removed = await this.ctx.txn([valueIs(this.keys.epoch, String(this.epoch))], deletes, [get(this.keys.epoch)]);
-        if (!removed.succeeded) this.fencedNow(valueOf(removed.responses, 0));
+        const removed = await this.ctx.txn([this.guardOp()], deletes, [get(this.keys.epoch)]);
+        if (!removed.succeeded) this.refused(removed.responses);
       }
     } catch (err) {
       throw this.ctx.fail(err, "acknowledge the mailbox of", this.name);
@@ -284,13 +296,24 @@ export class ReplicatedDatabase implements Database {
     } catch (err) {
       throw this.ctx.fail(err, op, this.name);
     }
-    if (state.epoch !== this.epoch) this.fencedNow(state.epoch === null ? null : String(state.epoch));
+    if (!this.ownsEpoch(state)) throw this.fenceError(state.epoch === null || state.epoch === this.epoch ? null : String(state.epoch));
     return state.head;
   }
 
-  /** Marks the handle fenced by the epoch the cluster holds (a string from etcd, or null) and throws. */
-  private fencedNow(current: string | null): never {
-    throw this.fenceError(current);
+  /** The owner's guard (ops.ts): the epoch key is as this owner's claim wrote it. */
+  private guardOp(): ICompare {
+    return ownerGuard(this.keys.epoch, this.init.claimRevision);
+  }
+
+  /** Whether a read of the epoch key (its number and mod revision) shows this owner's claim. */
+  private ownsEpoch(state: { epoch: number | null; epochRevision: string | null }): boolean {
+    return state.epoch === this.epoch && state.epochRevision === this.init.claimRevision;
+  }
+
+  /** A transaction guarded only by the owner's guard (its read-back: the epoch key first) was refused: fenced. */
+  private refused(responses: readonly IResponseOp[]): never {
+    const by = fencedBy(responses, 0, this.epoch, this.init.claimRevision);
+    throw this.fenceError(by?.epoch == null ? null : String(by.epoch));
   }
 
   /** Marks the handle fenced by the epoch the cluster holds and returns the error to throw. */

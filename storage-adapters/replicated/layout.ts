@@ -76,8 +76,8 @@
  * the keys, 1.5 to 2.3 ms without). Identity storage is now only the segments (about 3-4 bytes per
  * identity, compressed) and the tail's batch records.
  *
- * A commit is ONE etcd transaction: compare epoch == mine AND head == expected; then put the batch
- * record(s) and the new head.
+ * A commit is ONE etcd transaction: compare the epoch key as my claim wrote it (its mod revision,
+ * ops.ts `ownerGuard`) AND head == expected; then put the batch record(s) and the new head.
  *
  * `hash` chains the batches: sha256(previous hash, first seq, events JSON). Comparing the hash of the
  * local copy's last batch with the cluster's record at the same key proves the whole local prefix

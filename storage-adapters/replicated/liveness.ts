@@ -19,7 +19,7 @@ import { GRPCDeadlineExceededError, GRPCUnavailableError, castGrpcError, type ID
 import type { OwnershipLease } from "../../src/storage/contract.js";
 import type { Context } from "./context.js";
 import type { Keys } from "./layout.js";
-import { putWithLease, valueIs } from "./ops.js";
+import { ownerGuard, putWithLease } from "./ops.js";
 
 /** One owner's lease as `<db>/owner` records it. */
 export interface LeaseRef {
@@ -86,6 +86,8 @@ export class ReplicatedLease implements OwnershipLease {
     private readonly db: string,
     private readonly keys: Keys,
     private readonly epoch: number,
+    /** The etcd revision of the epoch claim: the owner's guard (ops.ts `ownerGuard`). */
+    private readonly claimRevision: string,
     readonly id: string,
     readonly ttlMs: number,
     /** Leases of earlier owners to wait for (from the record the claim replaced). */
@@ -227,7 +229,7 @@ export class ReplicatedLease implements OwnershipLease {
     if (open.length > 0) this.ctx.log.info({ db: this.db, waitedMs: Math.round(performance.now() - t0) }, "the previous owner's lease is gone");
     // Nothing left to wait for: drop them from our record so that the next owner does not poll them.
     if (this.waitFor.length > 0 && !this.released && this.lost === null) {
-      await this.ctx.txn([valueIs(this.keys.epoch, String(this.epoch))], [putWithLease(this.keys.liveness, ReplicatedLease.record(this.epoch, this.id, this.ttlMs, []), this.id)]).catch(() => undefined);
+      await this.ctx.txn([ownerGuard(this.keys.epoch, this.claimRevision)], [putWithLease(this.keys.liveness, ReplicatedLease.record(this.epoch, this.id, this.ttlMs, []), this.id)]).catch(() => undefined);
     }
   }
 

@@ -305,7 +305,7 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
       }
       claimed = outcome;
     }
-    lease = new ReplicatedLease(ctx, name, keys, claimed.epoch, leaseId!, ctx.opts.livenessMs, claimed.waitFor, grantedAt);
+    lease = new ReplicatedLease(ctx, name, keys, claimed.epoch, claimed.revision, leaseId!, ctx.opts.livenessMs, claimed.waitFor, grantedAt);
     lease.start();
   } catch (err) {
     copy?.close();

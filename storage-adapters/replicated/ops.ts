@@ -28,6 +28,26 @@ export const present = (key: string): ICompare => ({ key: b(key), target: "Creat
 /** `key`'s mod revision equals `rev` ("0" for a missing key). */
 export const modIs = (key: string, rev: string): ICompare => ({ key: b(key), target: "Mod", result: "Equal", mod_revision: rev });
 
+/**
+ * The owner's guard, in every write an owner makes: the epoch key is exactly as this owner's claim
+ * wrote it (its mod revision is the claim's revision). The epoch's number alone would not do: a
+ * database deleted and created again (outside Cairn) starts again at epoch 1, and its new owner and
+ * an old owner of epoch 1 would then both pass a compare of the number.
+ */
+export const ownerGuard = (epochKey: string, claimRevision: string): ICompare => modIs(epochKey, claimRevision);
+
+/**
+ * After a refused owner's guard, from the read-back `get(epochKey)` at response `i`: null when the
+ * epoch key is still this owner's claim (another compare was refused), else the epoch that fenced this
+ * owner (null when the key is gone, or was written again by someone else with this owner's number).
+ */
+export function fencedBy(responses: readonly IResponseOp[], i: number, ownEpoch: number, claimRevision: string): { epoch: number | null } | null {
+  const kv = kvsOf(responses, i)[0];
+  if (kv !== undefined && kv.mod_revision === claimRevision) return null;
+  const epoch = kv === undefined ? null : Number(kv.value.toString("utf8"));
+  return { epoch: epoch === ownEpoch ? null : epoch };
+}
+
 export const put = (key: string, value: string): IRequestOp => ({ request_put: { key: b(key), value: b(value) } });
 /** Puts `key` attached to lease `lease` (decimal id): etcd deletes it when the lease ends. */
 export const putWithLease = (key: string, value: string, lease: string): IRequestOp => ({ request_put: { key: b(key), value: b(value), lease } });

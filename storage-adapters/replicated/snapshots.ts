@@ -1,7 +1,7 @@
 /**
  * Snapshots on the replicated adapter, and the compaction that keeps etcd's footprint flat.
  *
- * Writing (owner only, every transaction guarded by `epoch == mine`): the snapshot text in chunks
+ * Writing (owner only, every transaction with the owner's guard, ops.ts `ownerGuard`): the snapshot text in chunks
  * (`snapdata/<seq>/<i>`), then the identity segment of the events since the previous cut
  * (`idarch/<from>/<to>/<part>`), then the pointer (`snap`), compared on its mod revision so two writers
  * cannot interleave. Until the pointer moves, readers see the previous snapshot whole.
@@ -12,7 +12,7 @@
  * scans, it does not remember). Why duplicate refusal stays exact: layout.ts.
  */
 import { gzipSync } from "node:zlib";
-import type { IRequestOp } from "etcd3";
+import type { ICompare, IRequestOp } from "etcd3";
 import type { StoredSnapshot } from "../../src/storage/contract.js";
 import { ResetError, StorageRejected } from "../../src/storage/errors.js";
 import { checkSnapshotWrite, snapshotDigest, verifiedSnapshot } from "../../src/storage/snapshots.js";
@@ -20,7 +20,7 @@ import { z } from "zod";
 import type { Context } from "./context.js";
 import { MAX_BATCH_BYTES, type Keys } from "./layout.js";
 import type { LocalCopy } from "./local-copy.js";
-import { get, kvsOf, prefixEnd, valueIs, valueOf } from "./ops.js";
+import { fencedBy, get, kvsOf, ownerGuard, prefixEnd } from "./ops.js";
 
 /** Keys deleted (or identities scanned) per compaction transaction: bounded, under --max-txn-ops. */
 export const COMPACT_BATCH = 100;
@@ -69,6 +69,8 @@ export async function readSnapshot(ctx: Context, keys: Keys, name: string): Prom
 export interface SnapshotWriter {
   readonly name: string;
   readonly epoch: number;
+  /** The etcd revision of the owner's epoch claim: its guard (ops.ts `ownerGuard`). */
+  readonly claimRevision: string;
   readonly keys: Keys;
   readonly copy: LocalCopy;
   /** Marks the handle fenced and returns the error to throw. */
@@ -77,12 +79,12 @@ export interface SnapshotWriter {
 
 const putBytes = (key: string, value: Buffer): IRequestOp => ({ request_put: { key: Buffer.from(key), value } });
 
-/** Sends one transaction guarded by the owner's epoch; throws the fence when the epoch moved. */
-async function guarded(ctx: Context, w: SnapshotWriter, ops: IRequestOp[], extraCompare: ReturnType<typeof valueIs>[] = []): Promise<boolean> {
-  const res = await ctx.txn([valueIs(w.keys.epoch, String(w.epoch)), ...extraCompare], ops, [get(w.keys.epoch)]);
+/** Sends one transaction with the owner's guard (ops.ts); throws the fence when the epoch key moved. */
+async function guarded(ctx: Context, w: SnapshotWriter, ops: IRequestOp[], extraCompare: ICompare[] = []): Promise<boolean> {
+  const res = await ctx.txn([ownerGuard(w.keys.epoch, w.claimRevision), ...extraCompare], ops, [get(w.keys.epoch)]);
   if (res.succeeded) return true;
-  const epoch = valueOf(res.responses, 0);
-  if (epoch !== String(w.epoch)) throw w.fenced(epoch);
+  const by = fencedBy(res.responses, 0, w.epoch, w.claimRevision);
+  if (by !== null) throw w.fenced(by.epoch === null ? null : String(by.epoch));
   return false;
 }
 

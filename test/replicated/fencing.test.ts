@@ -10,8 +10,10 @@ import { existsSync, rmSync, writeFileSync } from "node:fs";
 import { after, before, describe, it } from "node:test";
 import Sqlite from "better-sqlite3";
 import type { Database, DatabaseSignal, Storage } from "../../src/storage/contract.js";
-import { createReplicatedStorage, localCopyPath } from "../../storage-adapters/replicated/index.js";
-import { chainHash } from "../../storage-adapters/replicated/layout.js";
+import { createReplicatedStorage, localCopyPath, type ReplicatedStats } from "../../storage-adapters/replicated/index.js";
+import { chainHash, keysOf } from "../../storage-adapters/replicated/layout.js";
+import { Etcd3 } from "etcd3";
+import { message } from "../../src/storage/conformance/fixtures.js";
 import { captureLogger, devCluster, ev, tempDir } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
 
@@ -118,6 +120,78 @@ describe("replicated ownership and local copy", () => {
     assert.equal(await b.head(), resolved.length);
     await a.close();
     await b.close();
+  });
+
+  it("the epoch key written again with the owner's own number (as a database deleted and created again at epoch 1 holds it): the owner is fenced, and a commit sent right after is refused by its guard", async () => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    let rewrite: (() => Promise<void>) | null = null;
+    const storage = createReplicatedStorage({
+      endpoints: dc.cluster.endpoints,
+      dataDir: `${dirs.dir}/rewritten`,
+      faults: async (point) => {
+        if (point !== "commit:before" || rewrite === null) return;
+        const f = rewrite;
+        rewrite = null;
+        await f();
+      },
+    });
+    storages.push(storage);
+    try {
+      // The handle's epoch watch may learn of the write before the commit is sent (then the commit is
+      // refused before sending); each round uses a new database until the transaction's own guard
+      // decided at least once.
+      let wireDecided = 0;
+      for (let round = 0; round < 12 && wireDecided < 1; round++) {
+        const name = `rewritten-${round}`;
+        const db = await storage.open(name);
+        assert.equal(db.epoch, 1);
+        await db.commit([ev("a1")]);
+        const signals: DatabaseSignal[] = [];
+        db.watch((s) => signals.push(s));
+        const keys = keysOf(name);
+        // Right before the commit is sent: the epoch key written again, with the same number. The
+        // number and the head are what they were: only the key's revision tells that the claim is gone.
+        rewrite = async () => {
+          await admin.put(keys.epoch).value("1");
+        };
+        const before = (db.stats() as ReplicatedStats).commitTxnsHttp2;
+        await assert.rejects(db.commit([ev("a2")]), isFenced);
+        assert.equal(rewrite, null, "the fault point was reached");
+        if ((db.stats() as ReplicatedStats).commitTxnsHttp2 > before) wireDecided++;
+        assert.equal(await admin.get(keys.head).string(), "1", "nothing was written");
+        assert.deepEqual(await clusterLog(name), ["a1"]);
+        await eventually(() => signals.some((s) => s.type === "fenced"), "the watch reports the fence");
+        await assert.rejects(db.commit([ev("a3")]), isFenced);
+        await db.close();
+      }
+      assert.ok(wireDecided >= 1, "at least one fence was decided by the transaction's guard, not by the watch");
+    } finally {
+      admin.close();
+    }
+  });
+
+  it("a database deleted and created again by another machine while its owner (epoch 1, nothing committed) runs: the old owner is refused, and the new database's log and mailbox are untouched", async () => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    try {
+      const A = machine("recreated-A");
+      const B = machine("recreated-B");
+      const a = await A.storage.open("recreated");
+      assert.equal(a.epoch, 1);
+      await admin.delete().prefix(keysOf("recreated").prefix);
+      const b = await B.storage.open("recreated");
+      assert.equal(b.epoch, 1, "the new database starts at the old owner's epoch");
+      await B.storage.post("recreated", message("m1"));
+      assert.deepEqual(await b.commit([ev("b1")]), { firstSeq: 1, lastSeq: 1 });
+      await assert.rejects(a.commit([ev("a1")]), isFenced);
+      await assert.rejects(a.ack(1), isFenced);
+      assert.deepEqual(await clusterLog("recreated"), ["b1"]);
+      assert.deepEqual((await b.drain()).map((m) => m.id), ["m1"], "the new database's mailbox is whole");
+      assert.deepEqual(await b.commit([ev("b2")]), { firstSeq: 2, lastSeq: 2 });
+      await a.close();
+      await b.close();
+    } finally {
+      admin.close();
+    }
   });
 
   it("a diverged local copy (an extra entry, or a corrupted one) is discarded and rebuilt; a lagging one catches up", async () => {
