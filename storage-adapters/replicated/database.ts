@@ -109,13 +109,18 @@ export class ReplicatedDatabase implements Database {
       what: "epoch",
       key: this.keys.epoch,
       startRevision: after,
-      // The watch starts after this owner's claim, so any write of the epoch key is another's: a
-      // claim, or (outside Cairn) the database deleted and created again, perhaps at this epoch.
+      // Any write of the epoch key after this owner's claim is another's: a claim, or (outside Cairn)
+      // the database deleted and created again, perhaps at this epoch. The revision is checked, not
+      // assumed: a watch moved to another member restarts from that member's present, and a member
+      // still catching up may yet deliver the claim itself.
       onPut: (kv) => {
+        if (!this.afterClaim(kv)) return;
         const e = Number(kv.value.toString("utf8"));
         this.markFenced(e === this.epoch ? null : e);
       },
-      onDelete: () => this.markFenced(null),
+      onDelete: (kv) => {
+        if (this.afterClaim(kv)) this.markFenced(null);
+      },
       recheck: async () => {
         const state = await readEpochHead(this.ctx, this.keys);
         if (!this.ownsEpoch(state)) this.markFenced(state.epoch === this.epoch ? null : state.epoch);
@@ -298,6 +303,11 @@ export class ReplicatedDatabase implements Database {
     }
     if (!this.ownsEpoch(state)) throw this.fenceError(state.epoch === null || state.epoch === this.epoch ? null : String(state.epoch));
     return state.head;
+  }
+
+  /** Whether a watch event on the epoch key happened after this owner's claim. */
+  private afterClaim(kv: { mod_revision: string }): boolean {
+    return BigInt(kv.mod_revision) > BigInt(this.init.claimRevision);
   }
 
   /** The owner's guard (ops.ts): the epoch key is as this owner's claim wrote it. */

@@ -204,7 +204,8 @@ export class ReplicatedLease implements OwnershipLease {
 
   private async waitPrevious(): Promise<void> {
     const host = hostname();
-    const open = this.waitFor.filter((r) => !(r.host === host && r.pid !== process.pid && !pidAlive(r.pid)));
+    // Never this lease itself (open.ts `others` already drops it from what a claim records).
+    const open = this.waitFor.filter((r) => r.lease !== this.id && !(r.host === host && r.pid !== process.pid && !pidAlive(r.pid)));
     const t0 = performance.now();
     let logged = false;
     for (const ref of open) {

@@ -6,7 +6,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { existsSync, rmSync } from "node:fs";
-import { ConfigError } from "../../src/errors.js";
+import { CairnError, ConfigError } from "../../src/errors.js";
 import { DatabaseNotFound, StorageUnavailable } from "../../src/storage/errors.js";
 import { forEachBatch, readEpochHead } from "./cluster-log.js";
 import type { Context } from "./context.js";
@@ -97,8 +97,8 @@ async function claim(
   const ttlMs = ctx.opts.livenessMs;
   for (let attempt = 0; attempt < MAX_CLAIMS; attempt++) {
     const current = attempt === 0 ? first : await readEpochHead(ctx, keys);
-    // A database made before ids existed has none until ensureUid writes one (then `checked` is it).
-    if (current.uid !== checked && !(current.epoch !== null && current.uid === null && checked === null)) return { restart: current };
+    // An id without an epoch key (left by a partial deletion) is no database's: it is overwritten below.
+    if ((current.epoch === null ? null : current.uid) !== checked) return { restart: current };
     if (current.epoch === null) {
       if (!create) throw new DatabaseNotFound(name);
       const uid = randomUUID();
@@ -112,7 +112,7 @@ async function claim(
     const next = current.epoch + 1;
     // The previous record is read before it is replaced, in the same transaction.
     const previous = await peekOwner(ctx, keys);
-    const waitFor = previous === null ? [] : [{ lease: previous.lease, host: previous.host, pid: previous.pid }, ...previous.pending];
+    const waitFor = previous === null ? [] : others([{ lease: previous.lease, host: previous.host, pid: previous.pid }, ...previous.pending], lease);
     const res = await ctx.txn(
       [valueIs(keys.epoch, String(current.epoch)), ...(checked === null ? [] : [valueIs(keys.uid, checked)])],
       [put(keys.epoch, String(next)), get(keys.head), get(keys.liveness), putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, waitFor), lease), get(keys.uid)],
@@ -121,10 +121,18 @@ async function claim(
     // The record may have changed between the peek and the claim (a clean close deleted it): the
     // one read inside the transaction decides what to wait for.
     const replaced = parseOwner(valueOf(res.responses, 2));
-    const truth = replaced === null ? [] : [{ lease: replaced.lease, host: replaced.host, pid: replaced.pid }, ...replaced.pending];
+    const truth = replaced === null ? [] : others([{ lease: replaced.lease, host: replaced.host, pid: replaced.pid }, ...replaced.pending], lease);
     return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 4), waitFor: truth };
   }
   throw new ConfigError(`could not claim database "${name}": ${MAX_CLAIMS} other openers claimed it at the same time; is a restart loop running?`);
+}
+
+/**
+ * The leases to wait for, without this opener's own: a claim resent after an unanswered attempt that
+ * landed (router.ts resends on an outage) reads the record that attempt wrote, naming this lease.
+ */
+function others(refs: LeaseRef[], own: string): LeaseRef[] {
+  return refs.filter((r) => r.lease !== own);
 }
 
 /**
@@ -265,6 +273,20 @@ function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
   }
 }
 
+/** An error of the local copy's check, as the sqlite adapter reports its own file's (Cairn's own errors pass). */
+function copyError(ctx: Context, name: string, err: unknown): CairnError {
+  if (err instanceof CairnError) return err;
+  return new StorageUnavailable(
+    `cannot open database "${name}": its local copy ${localCopyPath(ctx.opts.dataDir, name)} could not be opened (${(err as Error).message}). Check that the data directory exists, is writable and is on a local disk.`,
+    { cause: err },
+  );
+}
+
+/** Revokes a lease this open will not use (its keys, if any, go with it); a failure leaves it to its TTL. */
+function revokeQuietly(ctx: Context, lease: string): void {
+  void ctx.call((client) => client.leaseClient.leaseRevoke({ ID: lease })).catch(() => undefined);
+}
+
 /** How many times an open checks the local copy again because the database changed under it. */
 const MAX_RECHECKS = 5;
 
@@ -281,38 +303,53 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
   }
   let copy: LocalCopy | null = null;
   let claimed: Claimed | null = null;
+  let leaseId: string | null = null;
+  // Errors of the local copy's check are its own (a ConfigError, StorageUnavailable, SQLite's), not etcd's.
+  let local = false;
   let lease: ReplicatedLease;
   try {
-    const grantedAt = performance.now();
-    let leaseId: string | null = null;
-    for (let check = 0; claimed === null; check++) {
+    for (let check = 0; ; check++) {
       if (current.epoch === null && !create) throw new DatabaseNotFound(name);
       if (check > MAX_RECHECKS) {
         throw new StorageUnavailable(`cannot open database "${name}": it was deleted or created again ${MAX_RECHECKS} times while this open checked its local copy; retry.`);
       }
       // An existing database's copy is checked before the claim, so that a refused open fences nobody.
       // A database created by this open has nobody to fence: its copy is checked right after.
-      copy = current.uid === null ? null : ownCopy(ctx, name, current.uid);
+      const checked = current.epoch === null ? null : current.uid;
+      local = true;
+      copy = checked === null ? null : ownCopy(ctx, name, checked);
+      local = false;
       await ctx.opts.faults?.("open:before-claim");
-      leaseId ??= await grantLease(ctx, ctx.opts.livenessMs);
-      const outcome = await claim(ctx, keys, name, create, leaseId, current, current.uid);
-      if ("restart" in outcome) {
-        ctx.log.info({ db: name, checked: current.uid, now: outcome.restart.uid }, "database deleted or created again while it was being opened: checking its local copy again");
-        copy?.close();
-        copy = null;
-        current = outcome.restart;
-        continue;
+      // Granted after the copy's check, which may take a while, and anew for each claim: until the
+      // claim starts its renewals the lease's TTL runs, and the owner counts its life from here.
+      const grantedAt = performance.now();
+      leaseId = await grantLease(ctx, ctx.opts.livenessMs);
+      const outcome = await claim(ctx, keys, name, create, leaseId, current, checked);
+      if (!("restart" in outcome)) {
+        claimed = outcome;
+        lease = new ReplicatedLease(ctx, name, keys, claimed.epoch, claimed.revision, leaseId, ctx.opts.livenessMs, claimed.waitFor, grantedAt);
+        break;
       }
-      claimed = outcome;
+      ctx.log.info({ db: name, checked, now: outcome.restart.uid }, "database deleted or created again while it was being opened: checking its local copy again");
+      copy?.close();
+      copy = null;
+      revokeQuietly(ctx, leaseId);
+      leaseId = null;
+      current = outcome.restart;
     }
-    lease = new ReplicatedLease(ctx, name, keys, claimed.epoch, claimed.revision, leaseId!, ctx.opts.livenessMs, claimed.waitFor, grantedAt);
     lease.start();
   } catch (err) {
     copy?.close();
-    throw ctx.fail(err, "open", name);
+    if (leaseId !== null) revokeQuietly(ctx, leaseId);
+    throw local ? copyError(ctx, name, err) : ctx.fail(err, "open", name);
   }
   try {
-    copy ??= ownCopy(ctx, name, claimed.uid ?? (await ensureUid(ctx, keys)));
+    if (copy === null) {
+      const uid = claimed.uid ?? (await ensureUid(ctx, keys));
+      local = true;
+      copy = ownCopy(ctx, name, uid);
+      local = false;
+    }
     const lastHash = await syncCopy(ctx, keys, name, copy, claimed.head);
     const db: ReplicatedDatabase = new ReplicatedDatabase(ctx, {
       name,
@@ -331,6 +368,6 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
   } catch (err) {
     copy?.close();
     await lease.release();
-    throw ctx.fail(err, "open", name);
+    throw local ? copyError(ctx, name, err) : ctx.fail(err, "open", name);
   }
 }

@@ -198,10 +198,14 @@ describe("the local copy's owner", () => {
     const etcd = new Etcd3({ hosts: one.cluster.endpoints });
     let reached = 0;
     let recreatedUid: string | null = null;
+    const leases = async (): Promise<string[]> => (await etcd.leaseClient.leaseLeases()).leases.map((l) => String(l.ID)).sort();
+    const before = await leases();
     const storage = createReplicatedStorage({
       endpoints: one.cluster.endpoints,
       dataDir,
       commitTimeoutMs: 5000,
+      // A lease the open granted and then did not use would outlive this test unless revoked.
+      livenessMs: 120_000,
       faults: async (point) => {
         if (point !== "open:before-claim") return;
         reached++;
@@ -226,9 +230,45 @@ describe("the local copy's owner", () => {
       await assert.rejects(db.commit([ev("new-1")]), hasError("rejected", "duplicate_identity"));
       assert.deepEqual(await db.commit([ev("old-1")]), { firstSeq: 2, lastSeq: 2 }, "the old database's identities are not the new one's");
       await db.close();
+      // The lease granted for the refused claim was revoked, like the one of the claim that won (at close).
+      const deadline = Date.now() + 10_000;
+      while (JSON.stringify(await leases()) !== JSON.stringify(before) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+      assert.deepEqual(await leases(), before, "no lease of this open is left");
     } finally {
       etcd.close();
     }
+  });
+
+  it("an id left without its database (a deletion that stopped halfway): the database created over it gets a new id, and its copy that id", async () => {
+    const dataDir = `${dirs.dir}/stray-uid`;
+    const etcd = new Etcd3({ hosts: one.cluster.endpoints });
+    try {
+      await etcd.put(keysOf("stray").uid).value("00000000-0000-4000-8000-00000000dead");
+      const db = await make(one, dataDir).open("stray");
+      const uid = await etcd.get(keysOf("stray").uid).string();
+      assert.notEqual(uid, "00000000-0000-4000-8000-00000000dead");
+      assert.equal(meta(localCopyPath(dataDir, "stray")).db_uid, uid, "the copy carries the id of the database it serves");
+      await db.close();
+    } finally {
+      etcd.close();
+    }
+  });
+
+  it("a local copy that cannot be opened (the data dir is a file) is reported as such, not as an etcd error, for an existing database and a new one; the open fences nobody", async () => {
+    const owner = await make(one, `${dirs.dir}/unopenable-owner`).open("unopenable");
+    await owner.commit([ev("u1")]);
+    const file = `${dirs.dir}/not-a-dir`;
+    closeSync(openSync(file, "w"));
+    for (const name of ["unopenable", "unopenable-new"]) {
+      await assert.rejects(make(one, `${file}/data`).open(name), (err: unknown) => {
+        hasError("unavailable")(err);
+        assert.match((err as Error).message, new RegExp(`cannot open database "${name}": its local copy .* could not be opened \\(.*ENOTDIR.*\\)\\. Check that the data directory exists`));
+        assert.doesNotMatch((err as Error).message, /etcd/);
+        return true;
+      });
+    }
+    assert.deepEqual(await owner.commit([ev("u2")]), { firstSeq: 2, lastSeq: 2 }, "the existing database's owner was not fenced");
+    await owner.close();
   });
 
   it("a database created by another opener after this open found none: this open checks its copy before claiming, so when the copy is refused the creator is not fenced", async () => {

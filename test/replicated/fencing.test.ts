@@ -177,7 +177,10 @@ describe("replicated ownership and local copy", () => {
       const B = machine("recreated-B");
       const a = await A.storage.open("recreated");
       assert.equal(a.epoch, 1);
+      const signals: DatabaseSignal[] = [];
+      a.watch((s) => signals.push(s));
       await admin.delete().prefix(keysOf("recreated").prefix);
+      await eventually(() => signals.some((s) => s.type === "fenced"), "the deletion fences the owner (its watch)");
       const b = await B.storage.open("recreated");
       assert.equal(b.epoch, 1, "the new database starts at the old owner's epoch");
       await B.storage.post("recreated", message("m1"));
