@@ -29,14 +29,16 @@
  *                                         cut], sorted, newline-joined, gzipped: one segment per
  *                                         snapshot that moved the cut. The range is in the key so that
  *                                         two snapshots racing from one previous cut never overwrite
- *                                         each other's segment (the loser's stays, a harmless subset).
+ *                                         each other's segment; the next compaction deletes the loser's
+ *                                         (snapshots.ts `orphanSegments` argues why only the loser's).
  *                                         Earlier versions wrote idarch/<from>/<part>; both are read.
  *
  * Snapshots and a bounded footprint (snapshots.ts). After a snapshot at seq S, `cut` is the end of the
  * last whole batch at or before S. Compaction then deletes, in transactions of bounded size, each
- * guarded by the epoch: the batch records before `cut`, any identity keys an earlier version left whose
- * seq is <= `cut`, and the previous snapshot's chunks. What stays in etcd is the tail after `cut`, the
- * latest snapshot, and the gzipped identity segments.
+ * with the owner's guard: the batch records before `cut`, any identity keys an earlier version left whose
+ * seq is <= `cut`, the previous snapshot's chunks, and the identity segments of snapshots that lost the
+ * race for the pointer. What stays in etcd is the tail after `cut`, the latest snapshot, and the
+ * gzipped identity segments of the snapshots that moved the cut.
  *
  * Why duplicate refusal is exact with no identity key at all. Every identity of the log is, at every
  * instant, in etcd in one of two places: an event of a batch record after the cut, or an identity

@@ -7,9 +7,10 @@
  * cannot interleave. Until the pointer moves, readers see the previous snapshot whole.
  *
  * Compaction (after the pointer moved): deletes, in transactions of at most COMPACT_BATCH keys, the
- * older snapshots' chunks, the batch records up to the cut and any identity keys an earlier version left whose seq is at or
- * before the cut. A crash or a fence in the middle leaves keys that the next compaction deletes (it
- * scans, it does not remember). Why duplicate refusal stays exact: layout.ts.
+ * older snapshots' chunks, the batch records up to the cut, any identity keys an earlier version left whose seq is at or
+ * before the cut, and the identity segments no snapshot's chain uses (`orphanSegments`). A crash or a
+ * fence in the middle leaves keys that the next compaction deletes (it scans, it does not remember).
+ * Why duplicate refusal stays exact: layout.ts.
  */
 import { gzipSync } from "node:zlib";
 import type { ICompare, IRequestOp } from "etcd3";
@@ -149,7 +150,65 @@ export async function compact(ctx: Context, w: SnapshotWriter, p: SnapshotPointe
     if (!res.more) break;
     from = Buffer.concat([res.kvs[res.kvs.length - 1]!.key, Buffer.from([0])]);
   }
+  // Identity segments that no chain up to the cut uses.
+  const segments = await ctx.call((client) => client.kv.range({ key: Buffer.from(keys.idArchPrefix), range_end: prefixEnd(keys.idArchPrefix), keys_only: true }));
+  const orphans = orphanSegments(
+    segments.kvs.map((kv) => kv.key.toString("utf8").slice(keys.idArchPrefix.length)),
+    p.cut,
+  );
+  for (let i = 0; i < orphans.length; i += COMPACT_BATCH) {
+    await guarded(
+      ctx,
+      w,
+      orphans.slice(i, i + COMPACT_BATCH).map((key) => ({ request_delete_range: { key: Buffer.from(keys.idArchPrefix + key) } })),
+    );
+    deleted += Math.min(COMPACT_BATCH, orphans.length - i);
+  }
   return { deleted };
+}
+
+/**
+ * The identity segments (keys after the `idarch/` prefix) that compaction up to `cut` may delete:
+ * those of snapshots that lost the race for the pointer, or were interrupted before they moved it.
+ *
+ * Why only those. A snapshot writes the segment of `prevCut + 1 .. cut`, where `prevCut` is the cut of
+ * the pointer it read, and moves the pointer only if nobody moved it since (the pointer's mod
+ * revision). So the cuts of the snapshots that won are a rising sequence, and their segments a chain:
+ * 1 .. c1, c1 + 1 .. c2, and so on, up to the current `cut`. A segment counts as used when it lies on
+ * some chain of segments from 1 to `cut` (another such chain holds the same identities, so keeping
+ * every one is merely cautious). A segment that starts at or before `cut` and lies on none is a
+ * loser's: its writer read a pointer older than the current one, so its own pointer write fails, now
+ * or already. A writer still in progress that read the current pointer writes segments that start
+ * after `cut`, and those are never candidates. The identities of a deleted segment are all in the
+ * chain, so duplicate refusal stays exact.
+ *
+ * When the segments do not form a complete chain from 1 to `cut` (segments in the earlier form
+ * `<from>/<part>`, which name no end, or a database whose first snapshots came before segments
+ * existed), nothing is deleted: a chain that cannot be followed cannot tell a loser from a link.
+ */
+export function orphanSegments(keys: readonly string[], cut: number): string[] {
+  const ranges = new Map<string, { from: number; to: number; keys: string[] }>();
+  for (const key of keys) {
+    const m = /^(\d+)\/(\d+)\/\d+$/.exec(key);
+    if (m === null) continue;
+    const from = Number(m[1]);
+    const to = Number(m[2]);
+    if (!(from >= 1 && to >= from)) return [];
+    const id = `${from}/${to}`;
+    const range = ranges.get(id) ?? { from, to, keys: [] };
+    range.keys.push(key);
+    ranges.set(id, range);
+  }
+  const all = [...ranges.values()].filter((r) => r.to <= cut);
+  // Boundaries reachable from 0 (nothing before seq 1), following segments forward...
+  const forward = new Set([0]);
+  for (const r of [...all].sort((a, b) => a.from - b.from)) if (forward.has(r.from - 1)) forward.add(r.to);
+  if (!forward.has(cut)) return [];
+  // ...and those from which `cut` is reachable, following them backward.
+  const backward = new Set([cut]);
+  for (const r of [...all].sort((a, b) => b.to - a.to)) if (backward.has(r.to)) backward.add(r.from - 1);
+  const used = (r: { from: number; to: number }): boolean => r.to <= cut && forward.has(r.from - 1) && backward.has(r.to);
+  return [...ranges.values()].filter((r) => r.from <= cut && !used(r)).flatMap((r) => r.keys);
 }
 
 /** Deletes the keys in [prefix, end) in transactions of at most COMPACT_BATCH keys each. */

@@ -4,6 +4,7 @@
  * exact on the machine that kept up and on a machine that rebuilds its copy from the snapshot.
  */
 import assert from "node:assert/strict";
+import { gzipSync } from "node:zlib";
 import { after, before, test, type TestContext } from "node:test";
 import { Etcd3 } from "etcd3";
 import type { NewEvent } from "../../src/state/events.js";
@@ -187,6 +188,42 @@ test("two snapshots written at once from one previous cut: whichever wins, every
     assert.deepEqual(await other.commit([ev(`${name}-new`)]), { firstSeq: 101, lastSeq: 101 });
     await other.close();
   }
+});
+
+test("identity segments of snapshots that lost the race for the pointer are deleted by the next compaction; the chain, later segments and the earlier form stay, and a fresh machine still refuses every identity", async (t) => {
+  const make = machines(t, "compaction-orphans");
+  const db = await make("a").open("orphans");
+  for (let b = 0; b < 20; b++) await db.commit(batch(`o-${b}`, 5));
+  await db.writeSnapshot(50, "snapshot at 50");
+  await db.writeSnapshot(100, "snapshot at 100");
+  for (let b = 20; b < 24; b++) await db.commit(batch(`o-${b}`, 5));
+  const k = keysOf("orphans");
+  const log = await db.read();
+  const ids = (from: number, to: number) => gzipSync(log.slice(from - 1, to).map((e) => e.identity).join("\n"));
+  const pad = (n: number) => String(n).padStart(16, "0");
+  const segment = (from: number, to: number, part = 0) => `${k.idArchPrefix}${pad(from)}/${pad(to)}/${String(part).padStart(6, "0")}`;
+  const chain = [segment(1, 50), segment(51, 100)];
+  assert.deepEqual(Object.keys(await client!.getAll().prefix(k.idArchPrefix).buffers()).sort(), chain, "one segment per snapshot");
+  // What losers would have left: a snapshot from cut 0 to 70 (two parts), one from cut 50 to 115,
+  // and one that read the pointer after the next cut (111..118, kept). And a segment in the earlier form.
+  const lost = [segment(1, 70), segment(1, 70, 1), segment(51, 115)];
+  await client!.put(segment(1, 70)).value(ids(1, 35));
+  await client!.put(segment(1, 70, 1)).value(ids(36, 70));
+  await client!.put(segment(51, 115)).value(ids(51, 115));
+  await client!.put(segment(111, 118)).value(ids(111, 118));
+  const earlier = `${k.idArchPrefix}${pad(1)}/000000`;
+  await client!.put(earlier).value(ids(1, 50));
+
+  await db.writeSnapshot(110, "snapshot at 110");
+  const left = Object.keys(await client!.getAll().prefix(k.idArchPrefix).buffers()).sort();
+  for (const key of lost) assert.ok(!left.includes(key), `${key} (a loser's) was deleted`);
+  assert.deepEqual(left, [...chain, segment(101, 110), segment(111, 118), earlier].sort(), "the chain, the segment past the cut and the earlier form stay");
+  await db.close();
+
+  const fresh = await make("b").open("orphans");
+  for (const e of log) await assert.rejects(fresh.commit([ev(e.identity)]), hasError("rejected", "duplicate_identity"), `${e.identity} refused`);
+  assert.deepEqual(await fresh.commit([ev("o-new")]), { firstSeq: 121, lastSeq: 121 });
+  await fresh.close();
 });
 
 // Last, so that it runs after every other `after` hook of this file.

@@ -9,6 +9,10 @@ import type { Context } from "../../storage-adapters/replicated/context.js";
 import { classifyEtcdError, mapEtcdError } from "../../storage-adapters/replicated/etcd-errors.js";
 import { checkMembers } from "../../storage-adapters/replicated/open.js";
 import { resolveOptions } from "../../storage-adapters/replicated/options.js";
+import { orphanSegments } from "../../storage-adapters/replicated/snapshots.js";
+import { ReplicatedLease } from "../../storage-adapters/replicated/liveness.js";
+import { keysOf } from "../../storage-adapters/replicated/layout.js";
+import { hostname } from "node:os";
 import { captureLogger } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
 
@@ -108,4 +112,53 @@ describe("etcd error mapping", () => {
 });
 
 // Last, so that it runs after every other `after` hook of this file.
+describe("the owner's wait for earlier leases", () => {
+  it("never waits for its own lease (a claim resent after an attempt that landed reads its own record)", async () => {
+    // A context that answers nothing: waiting for any lease would poll it forever.
+    const calls: string[] = [];
+    const ctx = {
+      log: captureLogger(),
+      txn: () => {
+        calls.push("txn");
+        return Promise.reject(new Error("no cluster"));
+      },
+      call: () => {
+        calls.push("call");
+        return Promise.reject(new Error("no cluster"));
+      },
+    } as unknown as Context;
+    const lease = new ReplicatedLease(ctx, "own", keysOf("own"), 2, "10", "7587", 3000, [{ lease: "7587", host: hostname(), pid: process.pid }], performance.now());
+    const outcome = await Promise.race([lease.previousGone().then(() => "done"), new Promise((r) => setTimeout(() => r("still waiting after 5 s"), 5000).unref())]);
+    assert.equal(outcome, "done");
+    assert.ok(!calls.includes("call"), "no earlier lease was polled");
+  });
+});
+
+describe("orphan identity segments", () => {
+  const seg = (from: number, to: number, part = 0) => `${String(from).padStart(16, "0")}/${String(to).padStart(16, "0")}/${String(part).padStart(6, "0")}`;
+  const legacy = (from: number, part = 0) => `${String(from).padStart(16, "0")}/${String(part).padStart(6, "0")}`;
+
+  it("deletes a lost race's segments that start at or before the cut, every part of them; keeps the chain, and what starts after the cut", () => {
+    const chain = [seg(1, 50), seg(51, 100), seg(51, 100, 1)];
+    const lost = [seg(1, 70), seg(1, 70, 1), seg(51, 120)];
+    const pending = [seg(101, 130)];
+    assert.deepEqual(orphanSegments([...chain, ...lost, ...pending], 100).sort(), [...lost].sort());
+  });
+
+  it("keeps every segment on some chain to the cut: another chain over the same seqs holds the same identities", () => {
+    assert.deepEqual(orphanSegments([seg(1, 50), seg(51, 100), seg(1, 100), seg(51, 80)], 100), [seg(51, 80)]);
+  });
+
+  it("deletes nothing when the segments do not chain from 1 to the cut: a missing link, segments in the earlier form, a malformed key", () => {
+    assert.deepEqual(orphanSegments([seg(1, 50), seg(1, 70), seg(101, 120)], 120), [], "51..100 missing");
+    assert.deepEqual(orphanSegments([legacy(1), seg(51, 100), seg(1, 70)], 100), [], "the chain starts with a segment in the earlier form");
+    assert.deepEqual(orphanSegments([seg(1, 100), seg(1, 70), seg(80, 60)], 100), [], "a segment that ends before it starts");
+    assert.deepEqual(orphanSegments([], 100), []);
+  });
+
+  it("keeps segments in the earlier form when the chain is whole without them", () => {
+    assert.deepEqual(orphanSegments([legacy(1), seg(1, 50), seg(51, 100), seg(1, 60)], 100), [seg(1, 60)]);
+  });
+});
+
 exitAfterTests("test/replicated/unit.test.ts");
