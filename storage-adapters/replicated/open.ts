@@ -273,9 +273,18 @@ function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
   }
 }
 
-/** An error of the local copy's check, as the sqlite adapter reports its own file's (Cairn's own errors pass). */
-function copyError(ctx: Context, name: string, err: unknown): CairnError {
-  if (err instanceof CairnError) return err;
+/** Whether `err` is SQLite's (better-sqlite3 gives every one a `SQLITE_...` code). */
+function isSqliteError(err: unknown): boolean {
+  return String((err as { code?: unknown } | null)?.code ?? "").startsWith("SQLITE_");
+}
+
+/**
+ * An error of the local copy (opening, checking or catching it up), as the sqlite adapter reports its
+ * own file's: SQLite's and the file system's (a string code) become StorageUnavailable naming the copy.
+ * Cairn's own errors, and anything else (a bug), pass as they are.
+ */
+function copyError(ctx: Context, name: string, err: unknown): unknown {
+  if (err instanceof CairnError || typeof (err as { code?: unknown } | null)?.code !== "string") return err;
   return new StorageUnavailable(
     `cannot open database "${name}": its local copy ${localCopyPath(ctx.opts.dataDir, name)} could not be opened (${(err as Error).message}). Check that the data directory exists, is writable and is on a local disk.`,
     { cause: err },
@@ -303,7 +312,6 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
   }
   let copy: LocalCopy | null = null;
   let claimed: Claimed | null = null;
-  let leaseId: string | null = null;
   // Errors of the local copy's check are its own (a ConfigError, StorageUnavailable, SQLite's), not etcd's.
   let local = false;
   let lease: ReplicatedLease;
@@ -323,7 +331,7 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
       // Granted after the copy's check, which may take a while, and anew for each claim: until the
       // claim starts its renewals the lease's TTL runs, and the owner counts its life from here.
       const grantedAt = performance.now();
-      leaseId = await grantLease(ctx, ctx.opts.livenessMs);
+      const leaseId = await grantLease(ctx, ctx.opts.livenessMs);
       const outcome = await claim(ctx, keys, name, create, leaseId, current, checked);
       if (!("restart" in outcome)) {
         claimed = outcome;
@@ -333,14 +341,18 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
       ctx.log.info({ db: name, checked, now: outcome.restart.uid }, "database deleted or created again while it was being opened: checking its local copy again");
       copy?.close();
       copy = null;
+      // Nothing this claim wrote holds: its transactions were refused, or the database it wrote to is gone.
       revokeQuietly(ctx, leaseId);
-      leaseId = null;
       current = outcome.restart;
+      // One made before ids existed gets its id now, so that its copy is checked before the claim too.
+      if (current.epoch !== null && current.uid === null) current = { ...current, uid: await ensureUid(ctx, keys) };
     }
     lease.start();
   } catch (err) {
+    // A lease granted here is left to its TTL, not revoked: the claim that failed may have landed
+    // unanswered, and then the owner record attached to the lease names the earlier owners the next
+    // opener must wait for.
     copy?.close();
-    if (leaseId !== null) revokeQuietly(ctx, leaseId);
     throw local ? copyError(ctx, name, err) : ctx.fail(err, "open", name);
   }
   try {
@@ -367,7 +379,10 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
     return db;
   } catch (err) {
     copy?.close();
-    await lease.release();
-    throw local ? copyError(ctx, name, err) : ctx.fail(err, "open", name);
+    // With earlier owners not known gone, the record naming them stays until the lease runs out, so
+    // the next opener waits for them as this one would have; otherwise the lease is revoked.
+    if (claimed.waitFor.length > 0) lease.abandon();
+    else await lease.release();
+    throw local || isSqliteError(err) ? copyError(ctx, name, err) : ctx.fail(err, "open", name);
   }
 }

@@ -197,6 +197,36 @@ describe("replicated ownership and local copy", () => {
     }
   });
 
+  it("an open that fails after its claim (the cluster's log unreadable) while the previous owner's lease lives leaves its owner record to run out, naming that lease, so the next opener still waits for it", async () => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    try {
+      const A = machine("abandon-A");
+      const a = await A.storage.open("abandon");
+      await a.commit([ev("x1")]);
+      const keys = keysOf("abandon");
+      const ownerA = JSON.parse((await admin.get(keys.liveness).string())!) as { lease: string };
+      // The one batch record made unreadable: a machine with an empty copy fails while catching up.
+      await admin.put(keys.log(1)).value("not a batch record");
+      const B = machine("abandon-B");
+      await assert.rejects(B.storage.open("abandon"), (err: unknown) => {
+        assert.doesNotMatch(String(err), /opened by another process/);
+        return true;
+      });
+      const record = JSON.parse((await admin.get(keys.liveness).string()) ?? "null") as { epoch: number; lease: string; pending: { lease: string }[] } | null;
+      assert.ok(record !== null, "the failed opener's owner record is still there (its lease was not revoked)");
+      assert.equal(record.epoch, 2);
+      assert.notEqual(record.lease, ownerA.lease);
+      assert.deepEqual(
+        record.pending.map((p) => p.lease),
+        [ownerA.lease],
+        "it names the previous owner's lease, for the next opener to wait for",
+      );
+      await a.close();
+    } finally {
+      admin.close();
+    }
+  });
+
   it("a diverged local copy (an extra entry, or a corrupted one) is discarded and rebuilt; a lagging one catches up", async () => {
     const A = machine("A3");
     const a = await A.storage.open("div");
