@@ -273,9 +273,13 @@ function ownCopy(ctx: Context, name: string, uid: string): LocalCopy {
   }
 }
 
-/** Whether `err` is SQLite's (better-sqlite3 gives every one a `SQLITE_...` code). */
+/**
+ * Whether `err` is SQLite's (better-sqlite3 gives every one a `SQLITE_...` code) and about the file or
+ * the disk, not a broken constraint (which would be a bug, and is reported as one).
+ */
 function isSqliteError(err: unknown): boolean {
-  return String((err as { code?: unknown } | null)?.code ?? "").startsWith("SQLITE_");
+  const code = String((err as { code?: unknown } | null)?.code ?? "");
+  return code.startsWith("SQLITE_") && !code.startsWith("SQLITE_CONSTRAINT");
 }
 
 /**
@@ -378,11 +382,16 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
     ctx.log.info({ db: name, epoch: claimed.epoch, head: claimed.head }, "database opened");
     return db;
   } catch (err) {
-    copy?.close();
     // With earlier owners not known gone, the record naming them stays until the lease runs out, so
-    // the next opener waits for them as this one would have; otherwise the lease is revoked.
+    // the next opener waits for them as this one would have; otherwise the lease is revoked. First,
+    // so that a copy that fails to close cannot leave the lease renewing.
     if (claimed.waitFor.length > 0) lease.abandon();
     else await lease.release();
+    try {
+      copy?.close();
+    } catch (closeErr) {
+      ctx.log.warn({ db: name, err: (closeErr as Error).message }, "local copy did not close cleanly after a failed open");
+    }
     throw local || isSqliteError(err) ? copyError(ctx, name, err) : ctx.fail(err, "open", name);
   }
 }

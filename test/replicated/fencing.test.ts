@@ -200,16 +200,20 @@ describe("replicated ownership and local copy", () => {
   it("an open that fails after its claim (the cluster's log unreadable) while the previous owner's lease lives leaves its owner record to run out, naming that lease, so the next opener still waits for it", async () => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
     try {
-      const A = machine("abandon-A");
-      const a = await A.storage.open("abandon");
+      // The first owner's lease is long (60 s), so that it outlives this test's waits unless revoked.
+      const storageA = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/abandon-A`, livenessMs: 60_000 });
+      storages.push(storageA);
+      const a = await storageA.open("abandon");
       await a.commit([ev("x1")]);
       const keys = keysOf("abandon");
       const ownerA = JSON.parse((await admin.get(keys.liveness).string())!) as { lease: string };
       // The one batch record made unreadable: a machine with an empty copy fails while catching up.
+      const good = (await admin.get(keys.log(1)).string())!;
       await admin.put(keys.log(1)).value("not a batch record");
       const B = machine("abandon-B");
       await assert.rejects(B.storage.open("abandon"), (err: unknown) => {
-        assert.doesNotMatch(String(err), /opened by another process/);
+        assert.match(String(err), /abandon/);
+        assert.doesNotMatch(String(err), /opened by another process|unavailable|timed out/i, "it failed while catching up, not on the cluster");
         return true;
       });
       const record = JSON.parse((await admin.get(keys.liveness).string()) ?? "null") as { epoch: number; lease: string; pending: { lease: string }[] } | null;
@@ -221,7 +225,17 @@ describe("replicated ownership and local copy", () => {
         [ownerA.lease],
         "it names the previous owner's lease, for the next opener to wait for",
       );
+      // The next opener (the log mended) waits for the first owner, which still runs...
+      await admin.put(keys.log(1)).value(good);
+      const c = await machine("abandon-C").storage.open("abandon");
+      let gone = false;
+      void c.lease!.previousGone().then(() => (gone = true));
+      await new Promise((r) => setTimeout(r, 1000));
+      assert.equal(gone, false, "the next owner waits while the first owner's lease lives");
+      // ...until it closes (its lease revoked) and the failed opener's lease runs out.
       await a.close();
+      await eventually(() => gone, "the next owner's wait ends once the earlier leases are gone", 30_000);
+      await c.close();
     } finally {
       admin.close();
     }
