@@ -22,7 +22,7 @@ import type { Keys } from "./layout.js";
 import type { ReplicatedLease } from "./liveness.js";
 import type { LocalCopy } from "./local-copy.js";
 import { ResilientWatch } from "./watch.js";
-import { count, del, fencedBy, get, kvsOf, ownerGuard, prefixEnd, range } from "./ops.js";
+import { count, del, fencedBy, fencedByEvent, fencer, get, kvsOf, ownerGuard, prefixEnd, range } from "./ops.js";
 
 /** Mailbox messages deleted per ack transaction (two deletes each, under MAX_TXN_OPS). */
 const ACK_CHUNK = 60;
@@ -109,21 +109,12 @@ export class ReplicatedDatabase implements Database {
       what: "epoch",
       key: this.keys.epoch,
       startRevision: after,
-      // Any write of the epoch key after this owner's claim is another's: a claim, or (outside Cairn)
-      // the database deleted and created again, perhaps at this epoch. The revision is checked, not
-      // assumed: a watch moved to another member restarts from that member's present, and a member
-      // still catching up may yet deliver the claim itself.
-      onPut: (kv) => {
-        if (!this.afterClaim(kv)) return;
-        const e = Number(kv.value.toString("utf8"));
-        this.markFenced(e === this.epoch ? null : e);
-      },
-      onDelete: (kv) => {
-        if (this.afterClaim(kv)) this.markFenced(null);
-      },
+      // Any write of the epoch key after this owner's claim is another's (ops.ts `fencedByEvent`).
+      onPut: (kv) => this.fenceIf(fencedByEvent("put", kv, this.epoch, this.init.claimRevision)),
+      onDelete: (kv) => this.fenceIf(fencedByEvent("delete", kv, this.epoch, this.init.claimRevision)),
       recheck: async () => {
         const state = await readEpochHead(this.ctx, this.keys);
-        if (!this.ownsEpoch(state)) this.markFenced(state.epoch === this.epoch ? null : state.epoch);
+        this.fenceIf(this.fencerOf(state));
       },
     });
     this.watchers.push(epochWatch);
@@ -177,7 +168,7 @@ export class ReplicatedDatabase implements Database {
     try {
       await writeSnapshot(
         this.ctx,
-        { name: this.name, epoch: this.epoch, claimRevision: this.init.claimRevision, keys: this.keys, copy: this.copy, fenced: (current) => this.fenceError(current) },
+        { name: this.name, epoch: this.epoch, claimRevision: this.init.claimRevision, keys: this.keys, copy: this.copy, fenced: (epoch) => this.fenceError(epoch) },
         seq,
         data,
         head,
@@ -301,13 +292,9 @@ export class ReplicatedDatabase implements Database {
     } catch (err) {
       throw this.ctx.fail(err, op, this.name);
     }
-    if (!this.ownsEpoch(state)) throw this.fenceError(state.epoch === null || state.epoch === this.epoch ? null : String(state.epoch));
+    const by = this.fencerOf(state);
+    if (by !== null) throw this.fenceError(by.epoch);
     return state.head;
-  }
-
-  /** Whether a watch event on the epoch key happened after this owner's claim. */
-  private afterClaim(kv: { mod_revision: string }): boolean {
-    return BigInt(kv.mod_revision) > BigInt(this.init.claimRevision);
   }
 
   /** The owner's guard (ops.ts): the epoch key is as this owner's claim wrote it. */
@@ -315,20 +302,22 @@ export class ReplicatedDatabase implements Database {
     return ownerGuard(this.keys.epoch, this.init.claimRevision);
   }
 
-  /** Whether a read of the epoch key (its number and mod revision) shows this owner's claim. */
-  private ownsEpoch(state: { epoch: number | null; epochRevision: string | null }): boolean {
-    return state.epoch === this.epoch && state.epochRevision === this.init.claimRevision;
+  /** Who fenced this owner, from a linearizable read of the epoch key (ops.ts `fencer`); null: nobody. */
+  private fencerOf(state: { epoch: number | null; epochRevision: string | null }): { epoch: number | null } | null {
+    return fencer({ epoch: state.epoch, revision: state.epochRevision }, this.epoch, this.init.claimRevision);
+  }
+
+  private fenceIf(by: { epoch: number | null } | null): void {
+    if (by !== null) this.markFenced(by.epoch);
   }
 
   /** A transaction guarded only by the owner's guard (its read-back: the epoch key first) was refused: fenced. */
   private refused(responses: readonly IResponseOp[]): never {
-    const by = fencedBy(responses, 0, this.epoch, this.init.claimRevision);
-    throw this.fenceError(by?.epoch == null ? null : String(by.epoch));
+    throw this.fenceError(fencedBy(responses, 0, this.epoch, this.init.claimRevision)?.epoch ?? null);
   }
 
-  /** Marks the handle fenced by the epoch the cluster holds and returns the error to throw. */
-  private fenceError(current: string | null): ResetError {
-    const epoch = current === null ? null : Number(current);
+  /** Marks the handle fenced (by the epoch the cluster holds, null when unknown or gone) and returns the error to throw. */
+  private fenceError(epoch: number | null): ResetError {
     this.markFenced(epoch);
     return ResetError.fenced(this.name, this.epoch, epoch);
   }

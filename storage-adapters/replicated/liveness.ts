@@ -204,7 +204,8 @@ export class ReplicatedLease implements OwnershipLease {
 
   private async waitPrevious(): Promise<void> {
     const host = hostname();
-    // Never this lease itself (open.ts `others` already drops it from what a claim records).
+    // Never this lease itself: a claim resent after an unanswered attempt that landed (router.ts
+    // resends on an outage) reads the record that attempt wrote, which names this lease.
     const open = this.waitFor.filter((r) => r.lease !== this.id && !(r.host === host && r.pid !== process.pid && !pidAlive(r.pid)));
     const t0 = performance.now();
     let logged = false;

@@ -112,7 +112,7 @@ async function claim(
     const next = current.epoch + 1;
     // The previous record is read before it is replaced, in the same transaction.
     const previous = await peekOwner(ctx, keys);
-    const waitFor = previous === null ? [] : others([{ lease: previous.lease, host: previous.host, pid: previous.pid }, ...previous.pending], lease);
+    const waitFor = previous === null ? [] : [{ lease: previous.lease, host: previous.host, pid: previous.pid }, ...previous.pending];
     const res = await ctx.txn(
       [valueIs(keys.epoch, String(current.epoch)), ...(checked === null ? [] : [valueIs(keys.uid, checked)])],
       [put(keys.epoch, String(next)), get(keys.head), get(keys.liveness), putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, waitFor), lease), get(keys.uid)],
@@ -121,18 +121,10 @@ async function claim(
     // The record may have changed between the peek and the claim (a clean close deleted it): the
     // one read inside the transaction decides what to wait for.
     const replaced = parseOwner(valueOf(res.responses, 2));
-    const truth = replaced === null ? [] : others([{ lease: replaced.lease, host: replaced.host, pid: replaced.pid }, ...replaced.pending], lease);
+    const truth = replaced === null ? [] : [{ lease: replaced.lease, host: replaced.host, pid: replaced.pid }, ...replaced.pending];
     return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 4), waitFor: truth };
   }
   throw new ConfigError(`could not claim database "${name}": ${MAX_CLAIMS} other openers claimed it at the same time; is a restart loop running?`);
-}
-
-/**
- * The leases to wait for, without this opener's own: a claim resent after an unanswered attempt that
- * landed (router.ts resends on an outage) reads the record that attempt wrote, naming this lease.
- */
-function others(refs: LeaseRef[], own: string): LeaseRef[] {
-  return refs.filter((r) => r.lease !== own);
 }
 
 /**
@@ -290,7 +282,7 @@ function isSqliteError(err: unknown): boolean {
 function copyError(ctx: Context, name: string, err: unknown): unknown {
   if (err instanceof CairnError || typeof (err as { code?: unknown } | null)?.code !== "string") return err;
   return new StorageUnavailable(
-    `cannot open database "${name}": its local copy ${localCopyPath(ctx.opts.dataDir, name)} could not be opened (${(err as Error).message}). Check that the data directory exists, is writable and is on a local disk.`,
+    `cannot open database "${name}": its local copy ${localCopyPath(ctx.opts.dataDir, name)} could not be opened or written (${(err as Error).message}). Check that the data directory exists, is writable and is on a local disk.`,
     { cause: err },
   );
 }

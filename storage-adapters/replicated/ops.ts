@@ -36,16 +36,40 @@ export const modIs = (key: string, rev: string): ICompare => ({ key: b(key), tar
  */
 export const ownerGuard = (epochKey: string, claimRevision: string): ICompare => modIs(epochKey, claimRevision);
 
+/** The epoch key as read: its number and mod revision (both null when it is gone). */
+export interface EpochSeen {
+  readonly epoch: number | null;
+  readonly revision: string | null;
+}
+
+/** The epoch key as a read or a watch event returned it (undefined: gone). */
+export function epochSeen(kv: IKeyValue | undefined): EpochSeen {
+  return kv === undefined ? { epoch: null, revision: null } : { epoch: Number(kv.value.toString("utf8")), revision: kv.mod_revision };
+}
+
 /**
- * After a refused owner's guard, from the read-back `get(epochKey)` at response `i`: null when the
- * epoch key is still this owner's claim (another compare was refused), else the epoch that fenced this
- * owner (null when the key is gone, or was written again by someone else with this owner's number).
+ * The one rule every owner check uses (a refused guard's read-back, a linearizable read, a watch
+ * event): null while the epoch key is this owner's claim; else who fenced it, as the epoch now there
+ * (null when the key is gone, or was written again by someone else with this owner's own number).
  */
+export function fencer(seen: EpochSeen, ownEpoch: number, claimRevision: string): { epoch: number | null } | null {
+  if (seen.epoch !== null && seen.revision === claimRevision) return null;
+  return { epoch: seen.epoch === ownEpoch ? null : seen.epoch };
+}
+
+/** `fencer` on the read-back `get(epochKey)` at response `i` of a refused transaction. */
 export function fencedBy(responses: readonly IResponseOp[], i: number, ownEpoch: number, claimRevision: string): { epoch: number | null } | null {
-  const kv = kvsOf(responses, i)[0];
-  if (kv !== undefined && kv.mod_revision === claimRevision) return null;
-  const epoch = kv === undefined ? null : Number(kv.value.toString("utf8"));
-  return { epoch: epoch === ownEpoch ? null : epoch };
+  return fencer(epochSeen(kvsOf(responses, i)[0]), ownEpoch, claimRevision);
+}
+
+/**
+ * `fencer` on a watch event of the epoch key: null for the claim itself or anything older, which a
+ * watch moved to a member still catching up may deliver late (it restarts from that member's present);
+ * any write after the claim is another's (a claim, or the database deleted and created again).
+ */
+export function fencedByEvent(kind: "put" | "delete", kv: IKeyValue, ownEpoch: number, claimRevision: string): { epoch: number | null } | null {
+  if (BigInt(kv.mod_revision) <= BigInt(claimRevision)) return null;
+  return fencer(kind === "delete" ? epochSeen(undefined) : epochSeen(kv), ownEpoch, claimRevision);
 }
 
 export const put = (key: string, value: string): IRequestOp => ({ request_put: { key: b(key), value: b(value) } });

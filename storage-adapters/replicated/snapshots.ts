@@ -75,7 +75,7 @@ export interface SnapshotWriter {
   readonly keys: Keys;
   readonly copy: LocalCopy;
   /** Marks the handle fenced and returns the error to throw. */
-  fenced(current: string | null): ResetError;
+  fenced(epoch: number | null): ResetError;
 }
 
 const putBytes = (key: string, value: Buffer): IRequestOp => ({ request_put: { key: Buffer.from(key), value } });
@@ -85,7 +85,7 @@ async function guarded(ctx: Context, w: SnapshotWriter, ops: IRequestOp[], extra
   const res = await ctx.txn([ownerGuard(w.keys.epoch, w.claimRevision), ...extraCompare], ops, [get(w.keys.epoch)]);
   if (res.succeeded) return true;
   const by = fencedBy(res.responses, 0, w.epoch, w.claimRevision);
-  if (by !== null) throw w.fenced(by.epoch === null ? null : String(by.epoch));
+  if (by !== null) throw w.fenced(by.epoch);
   return false;
 }
 

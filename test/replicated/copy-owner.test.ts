@@ -239,6 +239,72 @@ describe("the local copy's owner", () => {
     }
   });
 
+  it("a database deleted and created again at every check: the open gives up after five re-checks with StorageUnavailable saying to retry, and claims nothing", async () => {
+    const dataDir = `${dirs.dir}/flapping`;
+    const etcd = new Etcd3({ hosts: one.cluster.endpoints });
+    let reached = 0;
+    const storage = createReplicatedStorage({
+      endpoints: one.cluster.endpoints,
+      dataDir,
+      commitTimeoutMs: 5000,
+      faults: async (point) => {
+        if (point !== "open:before-claim") return;
+        reached++;
+        await etcd.delete().prefix(keysOf("flapping").prefix);
+        const other = await make(one, `${dirs.dir}/flapping-other-${reached}`).open("flapping");
+        await other.close();
+      },
+    });
+    storages.push(storage);
+    try {
+      await make(one, `${dirs.dir}/flapping-first`).open("flapping").then((db) => db.close());
+      await assert.rejects(storage.open("flapping"), (err: unknown) => {
+        hasError("unavailable")(err);
+        assert.match((err as Error).message, /cannot open database "flapping": it was deleted or created again 5 times while this open checked its local copy; retry/);
+        return true;
+      });
+      assert.equal(reached, 6, "the first check and five re-checks");
+      assert.equal(await etcd.get(keysOf("flapping").epoch).string(), "1", "the refused open claimed nothing");
+    } finally {
+      etcd.close();
+    }
+  });
+
+  it("a SQLite error while the local copy catches up (another process holds the copy's write lock) is StorageUnavailable naming the copy, not an etcd error", async () => {
+    const owner = await make(one, `${dirs.dir}/busy-owner`).open("busy");
+    await owner.commit([ev("b1"), ev("b2")]);
+    await owner.close();
+    const dataDir = `${dirs.dir}/busy`;
+    const path = localCopyPath(dataDir, "busy");
+    let holder: InstanceType<typeof Sqlite> | null = null;
+    const storage = createReplicatedStorage({
+      endpoints: one.cluster.endpoints,
+      dataDir,
+      commitTimeoutMs: 5000,
+      faults: (point) => {
+        if (point !== "open:before-claim" || holder !== null) return;
+        // The copy is checked and stamped; now another connection takes its write lock and keeps it.
+        holder = new Sqlite(path);
+        holder.exec("BEGIN EXCLUSIVE");
+      },
+    });
+    storages.push(storage);
+    try {
+      await assert.rejects(storage.open("busy"), (err: unknown) => {
+        hasError("unavailable")(err);
+        assert.match((err as Error).message, /cannot open database "busy": its local copy .* could not be opened or written \(database is locked\)/);
+        assert.doesNotMatch((err as Error).message, /etcd/);
+        return true;
+      });
+    } finally {
+      (holder as InstanceType<typeof Sqlite> | null)?.close();
+    }
+    // Once the lock is gone the same open succeeds, and nothing was lost.
+    const db = await storage.open("busy");
+    assert.deepEqual((await db.read()).map((e) => e.identity), ["b1", "b2"]);
+    await db.close();
+  });
+
   it("an id left without its database (a deletion that stopped halfway): the database created over it gets a new id, and its copy that id", async () => {
     const dataDir = `${dirs.dir}/stray-uid`;
     const etcd = new Etcd3({ hosts: one.cluster.endpoints });
@@ -262,7 +328,7 @@ describe("the local copy's owner", () => {
     for (const name of ["unopenable", "unopenable-new"]) {
       await assert.rejects(make(one, `${file}/data`).open(name), (err: unknown) => {
         hasError("unavailable")(err);
-        assert.match((err as Error).message, new RegExp(`cannot open database "${name}": its local copy .* could not be opened \\(.*ENOTDIR.*\\)\\. Check that the data directory exists`));
+        assert.match((err as Error).message, new RegExp(`cannot open database "${name}": its local copy .* could not be opened or written \\(.*ENOTDIR.*\\)\\. Check that the data directory exists`));
         assert.doesNotMatch((err as Error).message, /etcd/);
         return true;
       });

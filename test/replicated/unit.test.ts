@@ -10,6 +10,7 @@ import { classifyEtcdError, mapEtcdError } from "../../storage-adapters/replicat
 import { checkMembers } from "../../storage-adapters/replicated/open.js";
 import { resolveOptions } from "../../storage-adapters/replicated/options.js";
 import { orphanSegments } from "../../storage-adapters/replicated/snapshots.js";
+import { fencedBy, fencedByEvent, fencer } from "../../storage-adapters/replicated/ops.js";
 import { ReplicatedLease } from "../../storage-adapters/replicated/liveness.js";
 import { keysOf } from "../../storage-adapters/replicated/layout.js";
 import { hostname } from "node:os";
@@ -112,6 +113,28 @@ describe("etcd error mapping", () => {
 });
 
 // Last, so that it runs after every other `after` hook of this file.
+describe("who fenced an owner (the epoch key's revision, not its number)", () => {
+  const kv = (value: string, mod: string) => ({ key: Buffer.from("k"), value: Buffer.from(value), mod_revision: mod, create_revision: "1", version: "1", lease: "0" });
+  it("a read of the epoch key: the owner's claim, another claim, the key gone, the key written again with the owner's own number", () => {
+    assert.equal(fencer({ epoch: 1, revision: "40" }, 1, "40"), null);
+    assert.deepEqual(fencer({ epoch: 2, revision: "55" }, 1, "40"), { epoch: 2 });
+    assert.deepEqual(fencer({ epoch: null, revision: null }, 1, "40"), { epoch: null });
+    assert.deepEqual(fencer({ epoch: 1, revision: "55" }, 1, "40"), { epoch: null }, "a database created again at epoch 1 fences an old owner of epoch 1");
+    assert.deepEqual(fencedBy([{ response_range: { kvs: [kv("1", "55")] } }] as never, 0, 1, "40"), { epoch: null });
+    assert.equal(fencedBy([{ response_range: { kvs: [kv("1", "40")] } }] as never, 0, 1, "40"), null);
+    assert.deepEqual(fencedBy([{ response_range: { kvs: [] } }] as never, 0, 1, "40"), { epoch: null });
+  });
+
+  it("a watch event: the claim itself or older (a moved watch's member catching up) fences nobody; any write after it fences", () => {
+    assert.equal(fencedByEvent("put", kv("1", "40"), 1, "40"), null, "the owner's own claim, delivered late");
+    assert.equal(fencedByEvent("put", kv("7", "12"), 1, "40"), null, "an older claim");
+    assert.equal(fencedByEvent("delete", kv("", "39"), 1, "40"), null, "an older deletion");
+    assert.deepEqual(fencedByEvent("put", kv("2", "41"), 1, "40"), { epoch: 2 });
+    assert.deepEqual(fencedByEvent("put", kv("1", "41"), 1, "40"), { epoch: null }, "written again with the owner's number");
+    assert.deepEqual(fencedByEvent("delete", kv("", "41"), 1, "40"), { epoch: null });
+  });
+});
+
 describe("the owner's wait for earlier leases", () => {
   it("never waits for its own lease (a claim resent after an attempt that landed reads its own record)", async () => {
     // A context that answers nothing: waiting for any lease would poll it forever.
