@@ -11,7 +11,8 @@
  * - Lost: at `sentAt + ttl - margin` without a newer confirmed renewal, `onLost` fires: the harness
  *   SIGKILLs its cells' process groups and stops acting. After a fence the handle stops renewing.
  * - A new owner's `previousGone()` polls the previous owners' leases (LeaseTimeToLive, -1 = gone),
- *   skipping those whose process ran on this host and is gone. A clean close revokes the lease.
+ *   skipping those whose process ran on this host and is gone. A clean close revokes the lease,
+ *   after handing the owner record over to the earlier leases it still named (see `handOver`).
  */
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -80,6 +81,8 @@ export class ReplicatedLease implements OwnershipLease {
   private released = false;
   private readonly listeners = new Set<(reason: string) => void>();
   private previous: Promise<void> | null = null;
+  /** Every earlier owner's lease was seen gone (waitPrevious ended): nothing to hand over at close. */
+  private previousSeenGone = false;
 
   constructor(
     private readonly ctx: Context,
@@ -202,11 +205,19 @@ export class ReplicatedLease implements OwnershipLease {
     return this.previous;
   }
 
+  /**
+   * The earlier owners' leases still to wait for: never this lease itself (a claim resent after an
+   * unanswered attempt that landed, router.ts resends on an outage, reads the record that attempt
+   * wrote, which names this lease), nor one whose process ran on this host and is gone.
+   */
+  private openPrevious(): LeaseRef[] {
+    const host = hostname();
+    return this.waitFor.filter((r) => r.lease !== this.id && !(r.host === host && r.pid !== process.pid && !pidAlive(r.pid)));
+  }
+
   private async waitPrevious(): Promise<void> {
     const host = hostname();
-    // Never this lease itself: a claim resent after an unanswered attempt that landed (router.ts
-    // resends on an outage) reads the record that attempt wrote, which names this lease.
-    const open = this.waitFor.filter((r) => r.lease !== this.id && !(r.host === host && r.pid !== process.pid && !pidAlive(r.pid)));
+    const open = this.openPrevious();
     const t0 = performance.now();
     let logged = false;
     for (const ref of open) {
@@ -229,10 +240,16 @@ export class ReplicatedLease implements OwnershipLease {
       }
     }
     if (open.length > 0) this.ctx.log.info({ db: this.db, waitedMs: Math.round(performance.now() - t0) }, "the previous owner's lease is gone");
+    this.previousSeenGone = true;
     // Nothing left to wait for: drop them from our record so that the next owner does not poll them.
     if (this.waitFor.length > 0 && !this.released && this.lost === null) {
       await this.ctx.txn([ownerGuard(this.keys.epoch, this.claimRevision)], [putWithLease(this.keys.liveness, ReplicatedLease.record(this.epoch, this.id, this.ttlMs, []), this.id)]).catch(() => undefined);
     }
+  }
+
+  /** See {@link handOver}. */
+  private handOverPending(): Promise<"done" | "unknown"> {
+    return handOver(this.ctx, this.keys, this.epoch, this.claimRevision, this.id, this.ttlMs, this.openPrevious());
   }
 
   /**
@@ -250,18 +267,62 @@ export class ReplicatedLease implements OwnershipLease {
 
   async release(): Promise<void> {
     if (this.released) return;
+    // Fenced (renewals stopped) or lost: no owner record of ours to hand over.
+    const owner = !this.stopped && this.lost === null;
     this.released = true;
     this.halt();
     if (this.lostTimer) clearTimeout(this.lostTimer);
     this.lostTimer = null;
     // Lost: renewals went unconfirmed, so the cluster is out of reach and the lease runs out by itself.
     if (this.lost !== null) return;
+    // The owner record is attached to this lease, and revoking it deletes the record. If the record
+    // still names earlier owners' leases not seen gone, the next opener must still wait for them:
+    // the record is handed over first; if that could not be decided, the lease is left to run out.
+    if (owner && !this.previousSeenGone && (await this.handOverPending()) === "unknown") {
+      await Promise.all([...this.inflight]);
+      return;
+    }
     try {
       await this.ctx.router.call((client) => client.leaseClient.leaseRevoke({ ID: this.id }), Math.min(this.ctx.opts.commitTimeoutMs, this.ttlMs));
     } catch {
       // unreachable: the lease runs out by itself
     }
     await Promise.all([...this.inflight]);
+  }
+}
+
+/**
+ * Before a clean close revokes this lease: the earlier owners' leases it was still to wait for that
+ * live yet are written into the owner record again, now attached to the one of them that lives
+ * longest (etcd attaches a key to any lease), guarded by this owner's claim. The record then lasts
+ * as long as something is left to wait for, and no longer, and the next opener reads it as before:
+ * this (revoked) lease, gone at once, then the pending ones. Without it, a close soon after an open
+ * (before `previousGone()` resolved, or when no cell asked for it) deleted the only record of a
+ * previous owner whose cells may still run, and the next opener launched beside them.
+ *
+ * "done": nothing left to wait for, the record was handed over, or this owner was fenced meanwhile
+ * (the new owner's claim read the record as it was). "unknown": the cluster did not answer.
+ */
+async function handOver(ctx: Context, keys: Keys, epoch: number, claimRevision: string, id: string, ttlMs: number, open: readonly LeaseRef[]): Promise<"done" | "unknown"> {
+  if (open.length === 0) return "done";
+  try {
+    const live: { ref: LeaseRef; ttl: number }[] = [];
+    for (const ref of open) {
+      const res = await ctx.call((client) => client.leaseClient.leaseTimeToLive({ ID: ref.lease, keys: false }), false);
+      const ttl = Number(res.TTL);
+      if (ttl > 0) live.push({ ref, ttl });
+    }
+    if (live.length === 0) return "done";
+    const longest = live.reduce((a, b) => (b.ttl > a.ttl ? b : a));
+    await ctx.txn(
+      [ownerGuard(keys.epoch, claimRevision)],
+      [putWithLease(keys.liveness, ReplicatedLease.record(epoch, id, ttlMs, live.map((l) => l.ref)), longest.ref.lease)],
+    );
+    return "done";
+  } catch {
+    // Unanswered, or the chosen lease ran out between the two requests ("lease not found"): either
+    // way this lease is left to run out, and the record attached to it names them all.
+    return "unknown";
   }
 }
 

@@ -241,6 +241,70 @@ describe("replicated ownership and local copy", () => {
     }
   });
 
+  it("a clean close soon after an open, before the previous owner's lease was seen gone, hands its owner record over to that lease: the next opener still waits for it", async () => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    try {
+      // The first owner's lease is long (60 s), so that it outlives this test's waits unless revoked.
+      const storageA = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/handover-A`, livenessMs: 60_000 });
+      storages.push(storageA);
+      const a = await storageA.open("handover");
+      await a.commit([ev("h1")]);
+      const keys = keysOf("handover");
+      const ownerA = JSON.parse((await admin.get(keys.liveness).string())!) as { lease: string };
+      // The second owner opens (fencing the first, whose lease lives on) and closes at once, never
+      // having seen the first owner's lease gone.
+      const b = await machine("handover-B").storage.open("handover");
+      assert.equal(b.epoch, 2);
+      const ownerB = JSON.parse((await admin.get(keys.liveness).string())!) as { lease: string; pending: { lease: string }[] };
+      assert.deepEqual(
+        ownerB.pending.map((p) => p.lease),
+        [ownerA.lease],
+      );
+      await b.close();
+      const kv = (await admin.get(keys.liveness).exec()).kvs[0];
+      assert.ok(kv !== undefined, "the owner record outlives the closed owner's revoked lease");
+      assert.equal(String(kv.lease), ownerA.lease, "attached to the lease it still names, so it lasts exactly as long as that lease");
+      const handed = JSON.parse(kv.value.toString()) as { epoch: number; lease: string; pending: { lease: string }[] };
+      assert.equal(handed.epoch, 2);
+      assert.equal(handed.lease, ownerB.lease);
+      assert.deepEqual(
+        handed.pending.map((p) => p.lease),
+        [ownerA.lease],
+      );
+      // The next opener waits for the first owner, which still holds its lease...
+      const c = await machine("handover-C").storage.open("handover");
+      let gone = false;
+      void c.lease!.previousGone().then(() => (gone = true));
+      await new Promise((r) => setTimeout(r, 1000));
+      assert.equal(gone, false, "the next owner waits while the first owner's lease lives");
+      // ...until that owner closes (its lease revoked).
+      await a.close();
+      await eventually(() => gone, "the next owner's wait ends once the first owner's lease is gone", 30_000);
+      // The third owner saw every earlier lease gone: its close revokes its lease and its record with it.
+      await c.close();
+      assert.equal(await admin.get(keys.liveness).string(), null);
+    } finally {
+      admin.close();
+    }
+  });
+
+  it("a clean close with no earlier owner to wait for, or after it saw them gone, deletes its owner record (its lease revoked)", async () => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    try {
+      const keys = keysOf("handover-none");
+      const a = await machine("handover-none-A").storage.open("handover-none");
+      assert.notEqual(await admin.get(keys.liveness).string(), null);
+      await a.close();
+      assert.equal(await admin.get(keys.liveness).string(), null, "first owner: nothing to hand over");
+      const b = await machine("handover-none-B").storage.open("handover-none");
+      await b.lease!.previousGone();
+      await b.close();
+      assert.equal(await admin.get(keys.liveness).string(), null, "after previousGone(): nothing to hand over");
+    } finally {
+      admin.close();
+    }
+  });
+
   it("a diverged local copy (an extra entry, or a corrupted one) is discarded and rebuilt; a lagging one catches up", async () => {
     const A = machine("A3");
     const a = await A.storage.open("div");
