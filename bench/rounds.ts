@@ -29,10 +29,12 @@
  *   read + fold of the whole log without a snapshot; and etcd's database size after compaction and
  *   defragmentation, after the first 10k events and at the end;
  * - for one session, the harness CPU of several runs of the same owner, each as long as the table's
- *   (CAIRN_BENCH_REPEAT, default 5, the table's run included; the others follow the last row of the
- *   table): the median, the lowest and the highest, and beside each run its main thread's CPU and
- *   the wall time of its GC pauses per round (V8's `gc` performance entries). One run's figure
- *   moves by a millisecond or more between runs on a shared 2-core machine.
+ *   (CAIRN_BENCH_REPEAT, default 5, the table's run included; the others follow it at once, before
+ *   the rows of more sessions): the median, the lowest and the highest, and beside each run its main thread's CPU and
+ *   the wall time of its GC pauses per round (V8's `gc` performance entries), marked when a snapshot
+ *   (a few hundred ms of CPU, every 10,000 events) or a major GC fell in it, and the median of the
+ *   runs without either. One run's figure moves by a millisecond or more between runs on a shared
+ *   2-core machine.
  *
  * Run: node --import tsx bench/rounds.ts [rounds=100]. Env: CAIRN_BENCH_RESUME_SIZES (comma list,
  * default 10000,100000,1000000), CAIRN_BENCH_ADAPTERS (default sqlite,replicated),
@@ -45,7 +47,7 @@ import { mkdtempSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { PerformanceObserver, performance } from "node:perf_hooks";
+import { PerformanceObserver, constants as perfConstants, performance, type PerformanceEntry } from "node:perf_hooks";
 import { pathToFileURL } from "node:url";
 import BetterSqlite3 from "better-sqlite3";
 import { Harness } from "../src/harness/harness.js";
@@ -59,7 +61,7 @@ import { startDevCluster, type DevCluster } from "../storage-adapters/replicated
 import { TxnWire } from "../storage-adapters/replicated/txn-wire.js";
 import { put, valueIs } from "../storage-adapters/replicated/ops.js";
 import { tagBatches } from "../chaos/support/tagging.js";
-import { passThroughStorage } from "../chaos/support/passthrough.js";
+import { passThrough, passThroughStorage } from "../chaos/support/passthrough.js";
 import { parseProcStat, startCpuWindow, summarize, type CpuBreakdown } from "./stats.js";
 import { clockTicksPerSecond } from "./idle.js";
 import { LoopModel } from "../chaos/support/loop-model.js";
@@ -152,6 +154,9 @@ interface RoundStats {
   readonly rounds: number;
   /** The wall time of the main thread's GC pauses per round (V8's `gc` performance entries): not CPU (a pause can wait for helper threads, or for the core). */
   readonly gcMsPerRound: number;
+  /** Snapshots the harness started in the run (one per 10,000 events by default: a few hundred ms of CPU each), and V8's major GCs (mark-compact) in it. NaN for the floor. */
+  readonly snapshots: number;
+  readonly majorGcs: number;
 }
 
 /**
@@ -160,16 +165,21 @@ interface RoundStats {
  * callers let one pass first (`gcPausesNow`), or a GC at a run's end would count in the next run.
  */
 let gcPauseMs = 0;
+let majorGcs = 0;
 let gcObserver: PerformanceObserver | null = null;
 function gcPausesSoFar(): number {
+  const note = (e: PerformanceEntry): void => {
+    gcPauseMs += e.duration;
+    if ((e as PerformanceEntry & { detail?: { kind?: number } }).detail?.kind === perfConstants.NODE_PERFORMANCE_GC_MAJOR) majorGcs++;
+  };
   if (gcObserver === null) {
     gcObserver = new PerformanceObserver((list) => {
-      for (const e of list.getEntries()) gcPauseMs += e.duration;
+      for (const e of list.getEntries()) note(e);
     });
     gcObserver.observe({ entryTypes: ["gc"] });
   }
   // Entries not delivered yet are taken now (and so not delivered to the callback again).
-  for (const e of gcObserver.takeRecords()) gcPauseMs += e.duration;
+  for (const e of gcObserver.takeRecords()) note(e);
   return gcPauseMs;
 }
 
@@ -200,7 +210,7 @@ async function floor(backend: Backend, sessions: number, rounds: number): Promis
   const gc = (await gcPausesNow()) - gc0;
   const machine = window();
   const total = sessions * rounds;
-  return { msPerRound: ms / rounds, roundsPerSecond: (total * 1000) / ms, commitsPerRound: 3, writesPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total, gcMsPerRound: gc / total };
+  return { msPerRound: ms / rounds, roundsPerSecond: (total * 1000) / ms, commitsPerRound: 3, writesPerRound: 3, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total, gcMsPerRound: gc / total, snapshots: Number.NaN, majorGcs: Number.NaN };
 }
 
 /**
@@ -222,8 +232,17 @@ function durableWrites(db: Database | null): number {
 
 async function openOwner(backend: Backend, dir: string, tag: string): Promise<Owner> {
   let commits = 0;
+  let snapshots = 0;
   let db: Database | null = null;
-  const storage = passThroughStorage(tagBatches(backend.storage(join(dir, `data-${tag}`)), () => commits++), (d) => (db = d));
+  const storage = passThroughStorage(tagBatches(backend.storage(join(dir, `data-${tag}`)), () => commits++), (d) => {
+    db = d;
+    return passThrough(d, {
+      writeSnapshot: (seq, data) => {
+        snapshots++;
+        return d.writeSnapshot(seq, data);
+      },
+    });
+  });
   const cwd = join(dir, "cwd");
   mkdirSync(cwd, { recursive: true });
   let model = new LoopModel(0);
@@ -238,10 +257,12 @@ async function openOwner(backend: Backend, dir: string, tag: string): Promise<Ow
     async run(sessions, rounds) {
       model = new LoopModel(rounds);
       const commits0 = commits;
+      const snapshots0 = snapshots;
       const txns0 = durableWrites(db);
       const window = startCpuWindow(await hz());
       const main0 = mainThreadTicks();
       const gc0 = await gcPausesNow();
+      const major0 = majorGcs;
       const cpu0 = process.cpuUsage();
       const t0 = performance.now();
       const ids = await Promise.all(Array.from({ length: sessions }, () => h.start({ goal: "loop", cwd, budgets: { max_rounds: rounds + 5 } })));
@@ -253,7 +274,7 @@ async function openOwner(backend: Backend, dir: string, tag: string): Promise<Ow
       const machine = window();
       for (const o of outcomes) if (o.result !== "success") throw new Error(`bench run ${o.session} ended ${o.result}: ${o.reason}`);
       const total = sessions * (rounds + 1);
-      return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: (commits - commits0) / total, writesPerRound: Number.isNaN(txns0) ? (commits - commits0) / total : (durableWrites(db) - txns0) / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total, gcMsPerRound: gc / total };
+      return { msPerRound: ms / (rounds + 1), roundsPerSecond: (total * 1000) / ms, commitsPerRound: (commits - commits0) / total, writesPerRound: Number.isNaN(txns0) ? (commits - commits0) / total : (durableWrites(db) - txns0) / total, cpuMsPerRound: (cpu.user + cpu.system) / 1000 / total, mainCpuMsPerRound: main / total, machine, rounds: total, gcMsPerRound: gc / total, snapshots: snapshots - snapshots0, majorGcs: majorGcs - major0 };
     },
     async close() {
       try {
@@ -263,6 +284,11 @@ async function openOwner(backend: Backend, dir: string, tag: string): Promise<Ow
       }
     },
   };
+}
+
+/** ", snapshot" and ", N major GC" for a run in which they happened. */
+function runEvents(r: RoundStats): string {
+  return `${r.snapshots > 0 ? `, ${r.snapshots === 1 ? "snapshot" : `${r.snapshots} snapshots`}` : ""}${r.majorGcs > 0 ? `, ${r.majorGcs} major GC` : ""}`;
 }
 
 /** This process's main thread's CPU so far, in clock ticks (NaN without /proc). */
@@ -336,18 +362,32 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
       console.log(
         `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.writesPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)} ${fmt(h.gcMsPerRound).padStart(26)}`,
       );
-      if (sessions === 1) oneSession.push(h);
+      if (sessions === 1) {
+        // The repeats follow at once, back to back, before the rows of more sessions (until December
+        // 7 they followed the last row): one sample of one condition. The first runs after the floor
+        // tend to be higher than the later ones (in two runs of ten: 6.56, 6.17, 5.68, 5.17, then
+        // 4.7 to 5.0; and 7.25, 6.70, 7.82, 6.66, then 4.9 to 6.0); not explained.
+        oneSession.push(h);
+        while (oneSession.length < repeatRuns()) oneSession.push(await owner.run(1, rounds));
+      }
       machineRows.push(machineRow(sessions, "harness", h), machineRow(sessions, "floor", f));
       cores = h.machine?.cores ?? cores;
     }
     if (oneSession.length > 0) {
       const repeat = repeatRuns();
-      while (oneSession.length < repeat) oneSession.push(await owner.run(1, rounds));
       const cpu = summarize(oneSession.map((r) => r.cpuMsPerRound));
       console.log(
         `one session, harness CPU ms/round in ${oneSession.length} runs of ${rounds} rounds (the table's first, CAIRN_BENCH_REPEAT=${repeat}): median ${fmt(cpu.p50)} (nearest rank), lowest ${fmt(cpu.min)}, highest ${fmt(cpu.max)}; ` +
-          `each run, harness CPU (its main thread's CPU; the wall time of its GC pauses): ${oneSession.map((r) => `${fmt(r.cpuMsPerRound)} (${fmt(r.mainCpuMsPerRound)}, ${fmt(r.gcMsPerRound)})`).join(", ")}`,
+          `each run, harness CPU (its main thread's CPU; the wall time of its GC pauses; a snapshot or major GCs in it): ${oneSession.map((r) => `${fmt(r.cpuMsPerRound)} (${fmt(r.mainCpuMsPerRound)}, ${fmt(r.gcMsPerRound)}${runEvents(r)})`).join(", ")}`,
       );
+      // A snapshot (every 10,000 events: about 1,300 rounds here) costs a few hundred ms of CPU, and a
+      // major GC tens: the run they fall in pays all of it. Said apart, so that a high single run can
+      // be told from a slower round.
+      const quiet = oneSession.filter((r) => r.snapshots === 0 && r.majorGcs === 0);
+      if (quiet.length > 0 && quiet.length < oneSession.length) {
+        const q = summarize(quiet.map((r) => r.cpuMsPerRound));
+        console.log(`  of those, the ${quiet.length} runs without a snapshot or a major GC: median ${fmt(q.p50)}, lowest ${fmt(q.min)}, highest ${fmt(q.max)}`);
+      }
     }
   } finally {
     await owner.close();

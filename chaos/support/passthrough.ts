@@ -8,7 +8,7 @@
 import type { Database, Storage } from "../../src/storage/contract.js";
 
 /** `db` with `over`'s methods in place of its own. */
-export function passThrough(db: Database, over: Partial<Pick<Database, "commit" | "watch">> = {}): Database {
+export function passThrough(db: Database, over: Partial<Pick<Database, "commit" | "watch" | "writeSnapshot">> = {}): Database {
   const wrapped = {
     get name() {
       return db.name;
@@ -22,7 +22,7 @@ export function passThrough(db: Database, over: Partial<Pick<Database, "commit" 
     read: (afterSeq, limit) => db.read(afterSeq, limit),
     commit: over.commit ?? ((events) => db.commit(events)),
     head: () => db.head(),
-    writeSnapshot: (seq, data) => db.writeSnapshot(seq, data),
+    writeSnapshot: over.writeSnapshot ?? ((seq, data) => db.writeSnapshot(seq, data)),
     latestSnapshot: () => db.latestSnapshot(),
     drain: () => db.drain(),
     ack: (upTo) => db.ack(upTo),
