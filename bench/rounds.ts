@@ -364,9 +364,10 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
       );
       if (sessions === 1) {
         // The repeats follow at once, back to back, before the rows of more sessions (until December
-        // 7 they followed the last row): one sample of one condition. The first runs after the floor
-        // tend to be higher than the later ones (in two runs of ten: 6.56, 6.17, 5.68, 5.17, then
-        // 4.7 to 5.0; and 7.25, 6.70, 7.82, 6.66, then 4.9 to 6.0); not explained.
+        // 7 they followed the last row): one sample of one condition. The first runs of a series
+        // tend to be higher than the later ones, in either order (in two runs of ten, after the last
+        // row: 6.56, 6.17, 5.68, 5.17, then 4.7 to 5.0; back to back: 7.25, 6.70, 7.82, 6.66, then
+        // 4.9 to 6.0); not explained.
         oneSession.push(h);
         while (oneSession.length < repeatRuns()) oneSession.push(await owner.run(1, rounds));
       }
