@@ -275,9 +275,11 @@ export interface Storage {
  * learns of it: a throw there is the lost acknowledgement, and the adapter must report StorageFailure
  * and poison the handle. `open:before-claim` (replicated adapter only) runs when an open has checked
  * the local copy against the database's id and is about to claim the epoch: a test changes the
- * database there. Unused in production (undefined: no cost).
+ * database there. `open:after-grant` (replicated only) runs between the grant of the lease a claim is
+ * written with and the claim: a test makes the lease run out there, as a pause of the opener would.
+ * Unused in production (undefined: no cost).
  */
-export type FaultPoint = "commit:before" | "commit:after-durable" | "open:before-claim";
+export type FaultPoint = "commit:before" | "commit:after-durable" | "open:before-claim" | "open:after-grant";
 export type FaultHook = (point: FaultPoint) => void | Promise<void>;
 
 /** Limits every adapter enforces the same way: a mailbox holds at most this many unacknowledged messages. */

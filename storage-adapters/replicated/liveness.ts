@@ -230,7 +230,7 @@ export class ReplicatedLease implements OwnershipLease {
         } catch {
           ttl = 1; // unknown: keep waiting
         }
-        if (ttl <= 0) break;
+        if (leaseGone(ttl)) break;
         if (ref.host === host && ref.pid !== process.pid && !pidAlive(ref.pid)) break;
         if (!logged) {
           logged = true;
@@ -247,38 +247,30 @@ export class ReplicatedLease implements OwnershipLease {
     }
   }
 
-  /** See {@link handOver}. */
-  private handOverPending(): Promise<"done" | "unknown"> {
-    return handOver(this.ctx, this.keys, this.epoch, this.claimRevision, this.id, this.ttlMs, this.openPrevious());
-  }
-
-  /**
-   * Gives the lease up without revoking it: it runs out by itself (its TTL), and the owner record
-   * attached to it with it, so the earlier owners that record names are still waited for by the next
-   * opener. For an open that failed after its claim.
-   */
-  abandon(): void {
-    if (this.released) return;
-    this.released = true;
-    this.halt();
-    if (this.lostTimer) clearTimeout(this.lostTimer);
-    this.lostTimer = null;
-  }
-
   async release(): Promise<void> {
     if (this.released) return;
     // Fenced (renewals stopped) or lost: no owner record of ours to hand over.
     const owner = !this.stopped && this.lost === null;
+    const left = this.remainingMs();
     this.released = true;
+    // The owner record is attached to this lease, and revoking it deletes the record. If the record
+    // still names earlier owners' leases not seen gone, the next opener must still wait for them:
+    // the record is handed over first (see handOver), while this lease is still renewed, and within
+    // the time it is sure to be held; if that could not be done, the lease is left to run out.
+    let handed: "done" | "unknown" = "done";
+    if (owner && !this.previousSeenGone) {
+      let timer: NodeJS.Timeout | undefined;
+      handed = await Promise.race([
+        handOver(this.ctx, this.keys, this.epoch, this.claimRevision, this.id, this.ttlMs, this.openPrevious()),
+        new Promise<"unknown">((resolve) => (timer = setTimeout(() => resolve("unknown"), left))),
+      ]).finally(() => clearTimeout(timer));
+    }
     this.halt();
     if (this.lostTimer) clearTimeout(this.lostTimer);
     this.lostTimer = null;
     // Lost: renewals went unconfirmed, so the cluster is out of reach and the lease runs out by itself.
     if (this.lost !== null) return;
-    // The owner record is attached to this lease, and revoking it deletes the record. If the record
-    // still names earlier owners' leases not seen gone, the next opener must still wait for them:
-    // the record is handed over first; if that could not be decided, the lease is left to run out.
-    if (owner && !this.previousSeenGone && (await this.handOverPending()) === "unknown") {
+    if (handed === "unknown") {
       await Promise.all([...this.inflight]);
       return;
     }
@@ -293,12 +285,15 @@ export class ReplicatedLease implements OwnershipLease {
 
 /**
  * Before a clean close revokes this lease: the earlier owners' leases it was still to wait for that
- * live yet are written into the owner record again, now attached to the one of them that lives
- * longest (etcd attaches a key to any lease), guarded by this owner's claim. The record then lasts
- * as long as something is left to wait for, and no longer, and the next opener reads it as before:
- * this (revoked) lease, gone at once, then the pending ones. Without it, a close soon after an open
- * (before `previousGone()` resolved, or when no cell asked for it) deleted the only record of a
- * previous owner whose cells may still run, and the next opener launched beside them.
+ * live yet are written into the owner record again, now attached to a lease of its own that outlives
+ * every one of them (their longest remaining TTL, which etcd reports in whole seconds rounded down,
+ * plus a second) and that nobody renews or revokes, guarded by this owner's claim. The record then
+ * lasts as long as something may be left to wait for, and little longer, and the next opener reads it
+ * as before: this (revoked) lease, gone at once, then the pending ones. Without it, a close soon
+ * after an open (before `previousGone()` resolved, or when no cell asked for it) deleted the only
+ * record of a previous owner whose cells may still run, and the next opener launched beside them.
+ * (Attached to one of the pending leases instead, the record went with that lease's own revoke while
+ * an earlier one still lived.)
  *
  * "done": nothing left to wait for, the record was handed over, or this owner was fenced meanwhile
  * (the new owner's claim read the record as it was). "unknown": the cluster did not answer.
@@ -306,24 +301,32 @@ export class ReplicatedLease implements OwnershipLease {
 async function handOver(ctx: Context, keys: Keys, epoch: number, claimRevision: string, id: string, ttlMs: number, open: readonly LeaseRef[]): Promise<"done" | "unknown"> {
   if (open.length === 0) return "done";
   try {
-    const live: { ref: LeaseRef; ttl: number }[] = [];
+    const live: LeaseRef[] = [];
+    let longest = 0;
     for (const ref of open) {
       const res = await ctx.call((client) => client.leaseClient.leaseTimeToLive({ ID: ref.lease, keys: false }), false);
       const ttl = Number(res.TTL);
-      if (ttl > 0) live.push({ ref, ttl });
+      if (leaseGone(ttl)) continue;
+      live.push(ref);
+      longest = Math.max(longest, ttl);
     }
     if (live.length === 0) return "done";
-    const longest = live.reduce((a, b) => (b.ttl > a.ttl ? b : a));
-    await ctx.txn(
-      [ownerGuard(keys.epoch, claimRevision)],
-      [putWithLease(keys.liveness, ReplicatedLease.record(epoch, id, ttlMs, live.map((l) => l.ref)), longest.ref.lease)],
-    );
+    const holder = await grantLease(ctx, (longest + 1) * 1000);
+    const res = await ctx.txn([ownerGuard(keys.epoch, claimRevision)], [putWithLease(keys.liveness, ReplicatedLease.record(epoch, id, ttlMs, live), holder)]);
+    if (!res.succeeded) void ctx.call((client) => client.leaseClient.leaseRevoke({ ID: holder })).catch(() => undefined);
     return "done";
   } catch {
-    // Unanswered, or the chosen lease ran out between the two requests ("lease not found"): either
-    // way this lease is left to run out, and the record attached to it names them all.
+    // Unanswered: this lease is left to run out, and the record attached to it names them all.
     return "unknown";
   }
+}
+
+/**
+ * Whether a lease's TTL as LeaseTimeToLive reports it says the lease is gone: -1. etcd reports the
+ * remaining time in whole seconds rounded down, so 0 is a lease with less than a second left.
+ */
+export function leaseGone(ttl: number): boolean {
+  return ttl < 0;
 }
 
 /**

@@ -15,6 +15,7 @@ import { GENESIS_HASH, checkDatabaseName, decodeBatch, keysOf, type Keys } from 
 import { LocalCopy, localCopyPath } from "./local-copy.js";
 import { ReplicatedLease, grantLease, parseOwner, type LeaseRef, type OwnerRecord } from "./liveness.js";
 import { absent, get, put, putWithLease, valueIs, valueOf } from "./ops.js";
+import { EtcdLeaseInvalidError } from "etcd3";
 import { readPointer, readSegments } from "./snapshots.js";
 
 /** The current owner record (null when none: released, expired, or never written). */
@@ -295,6 +296,14 @@ function revokeQuietly(ctx: Context, lease: string): void {
 /** How many times an open checks the local copy again because the database changed under it. */
 const MAX_RECHECKS = 5;
 
+/** Leases an open grants for one claim, each run out before the claim reached etcd, before it gives up. */
+const MAX_GRANTS = 3;
+
+/** etcd refused a request for a lease it does not hold (expired or revoked). */
+function leaseNotFound(err: unknown): boolean {
+  return err instanceof EtcdLeaseInvalidError || (err instanceof Error && err.message.includes("requested lease not found"));
+}
+
 /** `Storage.open` for the replicated adapter. */
 export async function openReplicatedDatabase(ctx: Context, name: string, create: boolean, onClose: (db: ReplicatedDatabase) => void): Promise<ReplicatedDatabase> {
   checkDatabaseName(name);
@@ -326,9 +335,30 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
       await ctx.opts.faults?.("open:before-claim");
       // Granted after the copy's check, which may take a while, and anew for each claim: until the
       // claim starts its renewals the lease's TTL runs, and the owner counts its life from here.
-      const grantedAt = performance.now();
-      const leaseId = await grantLease(ctx, ctx.opts.livenessMs);
-      const outcome = await claim(ctx, keys, name, create, leaseId, current, checked);
+      let grantedAt: number;
+      let leaseId: string;
+      let outcome: Claimed | { restart: EpochHead };
+      for (let grants = 1; ; grants++) {
+        grantedAt = performance.now();
+        leaseId = await grantLease(ctx, ctx.opts.livenessMs);
+        await ctx.opts.faults?.("open:after-grant");
+        try {
+          outcome = await claim(ctx, keys, name, create, leaseId, current, checked);
+          break;
+        } catch (err) {
+          // The lease ran out before the claim reached etcd (this process was paused, or etcd was
+          // slow to answer): etcd refused the whole transaction, so nothing was claimed or written.
+          // A new lease, and the claim again.
+          if (!leaseNotFound(err)) throw err;
+          if (grants >= MAX_GRANTS) {
+            throw new StorageUnavailable(
+              `cannot open database "${name}": the lease granted for its claim ran out before the claim reached etcd, ${MAX_GRANTS} times in a row (this process is being paused, or the cluster answers too slowly for a ${Math.ceil(ctx.opts.livenessMs / 1000)} s lease); nothing was claimed. Retry, or raise the liveness lease (--liveness).`,
+              { cause: err },
+            );
+          }
+          ctx.log.warn({ db: name, lease: leaseId }, "the lease granted for the claim ran out before the claim reached etcd; nothing was claimed: claiming again with a new lease");
+        }
+      }
       if (!("restart" in outcome)) {
         claimed = outcome;
         lease = new ReplicatedLease(ctx, name, keys, claimed.epoch, claimed.revision, leaseId, ctx.opts.livenessMs, claimed.waitFor, grantedAt);
@@ -374,11 +404,10 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
     ctx.log.info({ db: name, epoch: claimed.epoch, head: claimed.head }, "database opened");
     return db;
   } catch (err) {
-    // With earlier owners not known gone, the record naming them stays until the lease runs out, so
-    // the next opener waits for them as this one would have; otherwise the lease is revoked. First,
-    // so that a copy that fails to close cannot leave the lease renewing.
-    if (claimed.waitFor.length > 0) lease.abandon();
-    else await lease.release();
+    // Released as a close releases it: with earlier owners not known gone, the record naming them is
+    // handed over first (liveness.ts handOver), so the next opener waits for them as this one would
+    // have. First, so that a copy that fails to close cannot leave the lease renewing.
+    await lease.release();
     try {
       copy?.close();
     } catch (closeErr) {

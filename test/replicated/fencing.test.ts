@@ -217,7 +217,7 @@ describe("replicated ownership and local copy", () => {
         return true;
       });
       const record = JSON.parse((await admin.get(keys.liveness).string()) ?? "null") as { epoch: number; lease: string; pending: { lease: string }[] } | null;
-      assert.ok(record !== null, "the failed opener's owner record is still there (its lease was not revoked)");
+      assert.ok(record !== null, "the failed opener's owner record is still there (handed over before its lease was released)");
       assert.equal(record.epoch, 2);
       assert.notEqual(record.lease, ownerA.lease);
       assert.deepEqual(
@@ -241,47 +241,57 @@ describe("replicated ownership and local copy", () => {
     }
   });
 
-  it("a clean close soon after an open, before the previous owner's lease was seen gone, hands its owner record over to that lease: the next opener still waits for it", async () => {
+  it("a clean close soon after an open, before the earlier owners' leases were seen gone, hands its owner record over to a lease that outlives them: the next opener still waits for them, even after one of them is revoked", async () => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
     try {
-      // The first owner's lease is long (60 s), so that it outlives this test's waits unless revoked.
-      const storageA = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/handover-A`, livenessMs: 60_000 });
-      storages.push(storageA);
-      const a = await storageA.open("handover");
-      await a.commit([ev("h1")]);
+      // Two earlier owners with long leases (60 s), so that they outlive this test's waits unless revoked.
+      const long = (label: string): Storage => {
+        const s = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/${label}`, livenessMs: 60_000 });
+        storages.push(s);
+        return s;
+      };
       const keys = keysOf("handover");
-      const ownerA = JSON.parse((await admin.get(keys.liveness).string())!) as { lease: string };
-      // The second owner opens (fencing the first, whose lease lives on) and closes at once, never
-      // having seen the first owner's lease gone.
-      const b = await machine("handover-B").storage.open("handover");
-      assert.equal(b.epoch, 2);
-      const ownerB = JSON.parse((await admin.get(keys.liveness).string())!) as { lease: string; pending: { lease: string }[] };
+      const record = async () => JSON.parse((await admin.get(keys.liveness).string())!) as { epoch: number; lease: string; pending: { lease: string }[] };
+      const a = await long("handover-A").open("handover");
+      await a.commit([ev("h1")]);
+      const ownerA = await record();
+      // The second owner fences the first (whose lease lives on); its lease has the most time left.
+      const b = await long("handover-B").open("handover");
+      const ownerB = await record();
+      // The third owner opens and closes at once, never having seen either lease gone.
+      const c = await machine("handover-C").storage.open("handover");
+      assert.equal(c.epoch, 3);
+      const ownerC = await record();
       assert.deepEqual(
-        ownerB.pending.map((p) => p.lease),
-        [ownerA.lease],
+        ownerC.pending.map((p) => p.lease),
+        [ownerB.lease, ownerA.lease],
       );
-      await b.close();
+      await c.close();
       const kv = (await admin.get(keys.liveness).exec()).kvs[0];
       assert.ok(kv !== undefined, "the owner record outlives the closed owner's revoked lease");
-      assert.equal(String(kv.lease), ownerA.lease, "attached to the lease it still names, so it lasts exactly as long as that lease");
+      const holder = String(kv.lease);
+      assert.ok(![ownerA.lease, ownerB.lease, ownerC.lease].includes(holder), "attached to a lease of its own, which no earlier owner can revoke");
       const handed = JSON.parse(kv.value.toString()) as { epoch: number; lease: string; pending: { lease: string }[] };
-      assert.equal(handed.epoch, 2);
-      assert.equal(handed.lease, ownerB.lease);
-      assert.deepEqual(
-        handed.pending.map((p) => p.lease),
-        [ownerA.lease],
-      );
+      assert.equal(handed.epoch, 3);
+      assert.equal(handed.lease, ownerC.lease);
+      assert.deepEqual(handed.pending.map((p) => p.lease).sort(), [ownerA.lease, ownerB.lease].sort());
+      const holderTtl = Number((await admin.leaseClient.leaseTimeToLive({ ID: holder, keys: false })).TTL);
+      const bTtl = Number((await admin.leaseClient.leaseTimeToLive({ ID: ownerB.lease, keys: false })).TTL);
+      assert.ok(holderTtl >= bTtl && holderTtl <= 62, `it outlives the longest earlier lease (${holderTtl} s against ${bTtl} s), and not by much`);
+      // The second owner learns it was fenced and closes: its lease is revoked, the record stays.
+      await b.close();
+      assert.notEqual(await admin.get(keys.liveness).string(), null, "an earlier owner's revoke does not delete the handed-over record");
       // The next opener waits for the first owner, which still holds its lease...
-      const c = await machine("handover-C").storage.open("handover");
+      const d = await machine("handover-D").storage.open("handover");
       let gone = false;
-      void c.lease!.previousGone().then(() => (gone = true));
+      void d.lease!.previousGone().then(() => (gone = true));
       await new Promise((r) => setTimeout(r, 1000));
       assert.equal(gone, false, "the next owner waits while the first owner's lease lives");
       // ...until that owner closes (its lease revoked).
       await a.close();
       await eventually(() => gone, "the next owner's wait ends once the first owner's lease is gone", 30_000);
-      // The third owner saw every earlier lease gone: its close revokes its lease and its record with it.
-      await c.close();
+      // The fourth owner saw every earlier lease gone: its close revokes its lease and its record with it.
+      await d.close();
       assert.equal(await admin.get(keys.liveness).string(), null);
     } finally {
       admin.close();
@@ -300,6 +310,78 @@ describe("replicated ownership and local copy", () => {
       await b.lease!.previousGone();
       await b.close();
       assert.equal(await admin.get(keys.liveness).string(), null, "after previousGone(): nothing to hand over");
+    } finally {
+      admin.close();
+    }
+  });
+
+  it("an opener whose lease runs out between its grant and its claim (a pause) claims again with a new lease: one epoch claimed, the owner record on a live lease; three in a row: StorageUnavailable, nothing claimed", async () => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    try {
+      const keys = keysOf("expire");
+      const first = await machine("expire-A").storage.open("expire");
+      await first.commit([ev("x1")]);
+      await first.close();
+      /** Revokes every lease granted since `known` was taken (this file's tests run one at a time). */
+      const revokeNew = async (known: Set<string>): Promise<number> => {
+        let n = 0;
+        for (const l of (await admin.leaseClient.leaseLeases()).leases) {
+          if (known.has(String(l.ID))) continue;
+          await admin.leaseClient.leaseRevoke({ ID: l.ID });
+          n++;
+        }
+        return n;
+      };
+      const leaseIds = async (): Promise<Set<string>> => new Set((await admin.leaseClient.leaseLeases()).leases.map((l) => String(l.ID)));
+
+      // Once: the open claims with a second lease.
+      let known = await leaseIds();
+      let grants = 0;
+      const logger = captureLogger();
+      const once = createReplicatedStorage({
+        endpoints: dc.cluster.endpoints,
+        dataDir: `${dirs.dir}/expire-B`,
+        logger,
+        faults: async (point) => {
+          if (point !== "open:after-grant") return;
+          grants++;
+          if (grants === 1) assert.equal(await revokeNew(known), 1, "the lease just granted, and only it");
+        },
+      });
+      storages.push(once);
+      const b = await once.open("expire");
+      assert.equal(grants, 2);
+      assert.equal(b.epoch, 2, "one epoch claimed: the refused claim wrote nothing");
+      const kv = (await admin.get(keys.liveness).exec()).kvs[0];
+      assert.ok(kv !== undefined);
+      const ttl = await admin.leaseClient.leaseTimeToLive({ ID: kv.lease, keys: false });
+      assert.ok(Number(ttl.TTL) > 0, "the owner record is attached to a live lease");
+      assert.ok(logger.lines.some((l) => l.includes("claiming again with a new lease")), "the retry is logged");
+      assert.deepEqual(await b.commit([ev("x2")]), { firstSeq: 2, lastSeq: 2 });
+      await b.close();
+
+      // Every time: the open gives up with a sentence that says what happened, and claims nothing.
+      known = await leaseIds();
+      let revoked = 0;
+      const always = createReplicatedStorage({
+        endpoints: dc.cluster.endpoints,
+        dataDir: `${dirs.dir}/expire-C`,
+        faults: async (point) => {
+          if (point === "open:after-grant") revoked += await revokeNew(known);
+        },
+      });
+      storages.push(always);
+      await assert.rejects(always.open("expire"), (err: unknown) => {
+        assert.equal((err as { code?: string }).code, "unavailable");
+        assert.match(String(err), /the lease granted for its claim ran out before the claim reached etcd, 3 times in a row .*nothing was claimed/);
+        return true;
+      });
+      assert.equal(revoked, 3);
+      assert.equal(await admin.get(keys.epoch).string(), "2", "nothing claimed");
+      const c = await machine("expire-D").storage.open("expire");
+      assert.equal(c.epoch, 3);
+      assert.deepEqual((await c.read()).map((e) => e.identity), [ev("x1"), ev("x2")].map((e) => e.identity));
+      await c.close();
     } finally {
       admin.close();
     }
