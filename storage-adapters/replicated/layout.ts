@@ -21,6 +21,10 @@
  *   cairn/db/<name>/liveness              the owner's liveness lease (JSON: epoch, lease id, host, pid, and the
  *                                         earlier owners' leases it has not yet seen gone), attached
  *                                         to that etcd lease: gone when the lease expires or is revoked.
+ *   cairn/db/<name>/waitfor/<lease id>    an earlier owner's lease (JSON: lease id, host, pid) that an
+ *                                         owner closing before it saw that lease gone handed over
+ *                                         (liveness.ts handOver), attached to that very lease: gone
+ *                                         exactly when it is. Openers wait for these too.
  *   cairn/db/<name>/snap                  the latest snapshot's pointer (JSON: seq, digest, chunks,
  *                                         cut, cutHash); written last, in one txn guarded by the epoch.
  *   cairn/db/<name>/snapdata/<seq>/<i>    the snapshot text, in chunks of at most 1 MiB.
@@ -124,6 +128,8 @@ export function keysOf(name: string) {
     mail: (mseq: number) => `${base}mail/${pad(mseq)}`,
     mailId: (id: string) => `${base}mailid/${id}`,
     liveness: `${base}liveness`,
+    waitForPrefix: `${base}waitfor/`,
+    waitFor: (lease: string) => `${base}waitfor/${lease}`,
     snap: `${base}snap`,
     snapData: (seq: number) => `${base}snapdata/${pad(seq)}/`,
     snapDataPrefix: `${base}snapdata/`,

@@ -12,11 +12,11 @@
  *   SIGKILLs its cells' process groups and stops acting. After a fence the handle stops renewing.
  * - A new owner's `previousGone()` polls the previous owners' leases (LeaseTimeToLive, -1 = gone),
  *   skipping those whose process ran on this host and is gone. A clean close revokes the lease,
- *   after handing the owner record over to the earlier leases it still named (see `handOver`).
+ *   after handing the earlier leases it still named over to keys attached to them (see `handOver`).
  */
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
-import { GRPCDeadlineExceededError, GRPCUnavailableError, castGrpcError, type IDuplexStream } from "etcd3";
+import { EtcdLeaseInvalidError, GRPCDeadlineExceededError, GRPCUnavailableError, castGrpcError, type IDuplexStream } from "etcd3";
 import type { OwnershipLease } from "../../src/storage/contract.js";
 import type { Context } from "./context.js";
 import type { Keys } from "./layout.js";
@@ -261,7 +261,7 @@ export class ReplicatedLease implements OwnershipLease {
     if (owner && !this.previousSeenGone) {
       let timer: NodeJS.Timeout | undefined;
       handed = await Promise.race([
-        handOver(this.ctx, this.keys, this.epoch, this.claimRevision, this.id, this.ttlMs, this.openPrevious()),
+        handOver(this.ctx, this.keys, this.claimRevision, this.openPrevious()),
         new Promise<"unknown">((resolve) => (timer = setTimeout(() => resolve("unknown"), left))),
       ]).finally(() => clearTimeout(timer));
     }
@@ -284,40 +284,46 @@ export class ReplicatedLease implements OwnershipLease {
 }
 
 /**
- * Before a clean close revokes this lease: the earlier owners' leases it was still to wait for that
- * live yet are written into the owner record again, now attached to a lease of its own that outlives
- * every one of them (their longest remaining TTL, which etcd reports in whole seconds rounded down,
- * plus a second) and that nobody renews or revokes, guarded by this owner's claim. The record then
- * lasts as long as something may be left to wait for, and little longer, and the next opener reads it
- * as before: this (revoked) lease, gone at once, then the pending ones. Without it, a close soon
- * after an open (before `previousGone()` resolved, or when no cell asked for it) deleted the only
- * record of a previous owner whose cells may still run, and the next opener launched beside them.
- * (Attached to one of the pending leases instead, the record went with that lease's own revoke while
- * an earlier one still lived.)
+ * Before a clean close revokes this lease: each earlier owner's lease it was still to wait for is
+ * written as `<db>/waitfor/<lease>` (layout.ts) attached to that very lease, guarded by this owner's
+ * claim; openers read those keys with the owner record (open.ts `claim`). Each entry lasts exactly as
+ * long as its lease, whoever renews or revokes it, and a lease already gone is refused by etcd and
+ * skipped. Without it, a close soon after an open (before `previousGone()` resolved, or when no cell
+ * asked for it) deleted the only record of a previous owner whose cells may still run (the record is
+ * attached to this lease), and the next opener launched beside them. (A first version attached the
+ * whole record to one pending lease: that owner's revoke deleted it while an earlier one lived; a
+ * second, to a new lease of the longest TTL left: an owner fenced without knowing it renews past that.)
  *
- * "done": nothing left to wait for, the record was handed over, or this owner was fenced meanwhile
- * (the new owner's claim read the record as it was). "unknown": the cluster did not answer.
+ * "done": every entry written or its lease gone, or this owner was fenced meanwhile (the new owner's
+ * claim read the record as it was). "unknown": the cluster did not answer.
  */
-async function handOver(ctx: Context, keys: Keys, epoch: number, claimRevision: string, id: string, ttlMs: number, open: readonly LeaseRef[]): Promise<"done" | "unknown"> {
-  if (open.length === 0) return "done";
-  try {
-    const live: LeaseRef[] = [];
-    let longest = 0;
-    for (const ref of open) {
-      const res = await ctx.call((client) => client.leaseClient.leaseTimeToLive({ ID: ref.lease, keys: false }), false);
-      const ttl = Number(res.TTL);
-      if (leaseGone(ttl)) continue;
-      live.push(ref);
-      longest = Math.max(longest, ttl);
+async function handOver(ctx: Context, keys: Keys, claimRevision: string, open: readonly LeaseRef[]): Promise<"done" | "unknown"> {
+  for (const ref of open) {
+    try {
+      const res = await ctx.txn([ownerGuard(keys.epoch, claimRevision)], [putWithLease(keys.waitFor(ref.lease), JSON.stringify({ lease: ref.lease, host: ref.host, pid: ref.pid }), ref.lease)]);
+      if (!res.succeeded) return "done";
+    } catch (err) {
+      if (leaseNotFound(err)) continue;
+      // Unanswered: this lease is left to run out, and the record attached to it names them all.
+      return "unknown";
     }
-    if (live.length === 0) return "done";
-    const holder = await grantLease(ctx, (longest + 1) * 1000);
-    const res = await ctx.txn([ownerGuard(keys.epoch, claimRevision)], [putWithLease(keys.liveness, ReplicatedLease.record(epoch, id, ttlMs, live), holder)]);
-    if (!res.succeeded) void ctx.call((client) => client.leaseClient.leaseRevoke({ ID: holder })).catch(() => undefined);
-    return "done";
+  }
+  return "done";
+}
+
+/** etcd refused a request for a lease it does not hold (expired or revoked). */
+export function leaseNotFound(err: unknown): boolean {
+  return err instanceof EtcdLeaseInvalidError || (err instanceof Error && err.message.includes("requested lease not found"));
+}
+
+/** A `<db>/waitfor/<lease>` entry (handOver); null for anything else. */
+export function parseLeaseRef(value: string | null): LeaseRef | null {
+  if (value === null) return null;
+  try {
+    const o = JSON.parse(value) as LeaseRef;
+    return typeof o.lease === "string" && typeof o.host === "string" && typeof o.pid === "number" ? { lease: o.lease, host: o.host, pid: o.pid } : null;
   } catch {
-    // Unanswered: this lease is left to run out, and the record attached to it names them all.
-    return "unknown";
+    return null;
   }
 }
 

@@ -5,6 +5,7 @@
  * watching.
  */
 import { randomUUID } from "node:crypto";
+import type { IRequestOp, IResponseOp } from "etcd3";
 import { existsSync, rmSync } from "node:fs";
 import { CairnError, ConfigError } from "../../src/errors.js";
 import { DatabaseNotFound, StorageUnavailable } from "../../src/storage/errors.js";
@@ -13,15 +14,34 @@ import type { Context } from "./context.js";
 import { ReplicatedDatabase } from "./database.js";
 import { GENESIS_HASH, checkDatabaseName, decodeBatch, keysOf, type Keys } from "./layout.js";
 import { LocalCopy, localCopyPath } from "./local-copy.js";
-import { ReplicatedLease, grantLease, parseOwner, type LeaseRef, type OwnerRecord } from "./liveness.js";
-import { absent, get, put, putWithLease, valueIs, valueOf } from "./ops.js";
-import { EtcdLeaseInvalidError } from "etcd3";
+import { ReplicatedLease, grantLease, leaseNotFound, parseLeaseRef, parseOwner, type LeaseRef, type OwnerRecord } from "./liveness.js";
+import { absent, get, kvsOf, prefixEnd, put, putWithLease, valueIs, valueOf } from "./ops.js";
 import { readPointer, readSegments } from "./snapshots.js";
 
-/** The current owner record (null when none: released, expired, or never written). */
-async function peekOwner(ctx: Context, keys: Keys): Promise<OwnerRecord | null> {
-  const res = await ctx.txn([], [get(keys.liveness)]);
-  return parseOwner(valueOf(res.responses, 0));
+/** `<db>/waitfor/` entries, all of them (handOver in liveness.ts: one per earlier lease, few). */
+const waitForRange = (keys: Keys): IRequestOp => ({ request_range: { key: Buffer.from(keys.waitForPrefix), range_end: prefixEnd(keys.waitForPrefix) } });
+
+/**
+ * Adds to `seen` the earlier owners' leases that the owner record `record` and the `<db>/waitfor/`
+ * entries `waiting` name: the record's own lease, those it was waiting for, and those handed over.
+ */
+function noteEarlier(seen: Map<string, LeaseRef>, record: OwnerRecord | null, waiting: readonly LeaseRef[]): void {
+  const refs = record === null ? waiting : [{ lease: record.lease, host: record.host, pid: record.pid }, ...record.pending, ...waiting];
+  for (const r of refs) if (!seen.has(r.lease)) seen.set(r.lease, r);
+}
+
+/** The current owner record and the `<db>/waitfor/` entries, into `seen` (see noteEarlier). */
+async function peekOwner(ctx: Context, keys: Keys, seen: Map<string, LeaseRef>): Promise<void> {
+  const res = await ctx.txn([], [get(keys.liveness), waitForRange(keys)]);
+  noteEarlier(seen, parseOwner(valueOf(res.responses, 0)), refsOf(res.responses, 1));
+}
+
+/** The `<db>/waitfor/` entries a range read at `responses[i]` returned. */
+function refsOf(responses: readonly IResponseOp[], i: number): LeaseRef[] {
+  return kvsOf(responses, i).flatMap((kv) => {
+    const ref = parseLeaseRef(kv.value.toString("utf8"));
+    return ref === null ? [] : [ref];
+  });
 }
 
 /** Claim attempts before giving up (each failed attempt means another opener won that round). */
@@ -94,6 +114,8 @@ async function claim(
   lease: string,
   first: EpochHead,
   checked: string | null,
+  seen: Map<string, LeaseRef>,
+  own: ReadonlySet<string>,
 ): Promise<Claimed | { restart: EpochHead }> {
   const ttlMs = ctx.opts.livenessMs;
   for (let attempt = 0; attempt < MAX_CLAIMS; attempt++) {
@@ -111,19 +133,19 @@ async function claim(
       continue;
     }
     const next = current.epoch + 1;
-    // The previous record is read before it is replaced, in the same transaction.
-    const previous = await peekOwner(ctx, keys);
-    const waitFor = previous === null ? [] : [{ lease: previous.lease, host: previous.host, pid: previous.pid }, ...previous.pending];
+    // Every earlier lease this open has seen named (by any read of any attempt: a claim that landed
+    // unanswered read a record this open never saw, and its lease may have run out with it since),
+    // never one this open granted. Waiting for a lease that is already gone costs one poll.
+    const earlier = (): LeaseRef[] => [...seen.values()].filter((r) => !own.has(r.lease));
+    // The previous record is read before it is replaced, and again in the same transaction.
+    await peekOwner(ctx, keys, seen);
     const res = await ctx.txn(
       [valueIs(keys.epoch, String(current.epoch)), ...(checked === null ? [] : [valueIs(keys.uid, checked)])],
-      [put(keys.epoch, String(next)), get(keys.head), get(keys.liveness), putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, waitFor), lease), get(keys.uid)],
+      [put(keys.epoch, String(next)), get(keys.head), get(keys.liveness), putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, earlier()), lease), get(keys.uid), waitForRange(keys)],
     );
     if (!res.succeeded) continue;
-    // The record may have changed between the peek and the claim (a clean close deleted it): the
-    // one read inside the transaction decides what to wait for.
-    const replaced = parseOwner(valueOf(res.responses, 2));
-    const truth = replaced === null ? [] : [{ lease: replaced.lease, host: replaced.host, pid: replaced.pid }, ...replaced.pending];
-    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 4), waitFor: truth };
+    noteEarlier(seen, parseOwner(valueOf(res.responses, 2)), refsOf(res.responses, 5));
+    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 4), waitFor: earlier() };
   }
   throw new ConfigError(`could not claim database "${name}": ${MAX_CLAIMS} other openers claimed it at the same time; is a restart loop running?`);
 }
@@ -299,10 +321,6 @@ const MAX_RECHECKS = 5;
 /** Leases an open grants for one claim, each run out before the claim reached etcd, before it gives up. */
 const MAX_GRANTS = 3;
 
-/** etcd refused a request for a lease it does not hold (expired or revoked). */
-function leaseNotFound(err: unknown): boolean {
-  return err instanceof EtcdLeaseInvalidError || (err instanceof Error && err.message.includes("requested lease not found"));
-}
 
 /** `Storage.open` for the replicated adapter. */
 export async function openReplicatedDatabase(ctx: Context, name: string, create: boolean, onClose: (db: ReplicatedDatabase) => void): Promise<ReplicatedDatabase> {
@@ -320,6 +338,9 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
   // Errors of the local copy's check are its own (a ConfigError, StorageUnavailable, SQLite's), not etcd's.
   let local = false;
   let lease: ReplicatedLease;
+  /** The earlier owners' leases any read of this open saw named, and the leases this open granted (claim). */
+  const seen = new Map<string, LeaseRef>();
+  const ownLeases = new Set<string>();
   try {
     for (let check = 0; ; check++) {
       if (current.epoch === null && !create) throw new DatabaseNotFound(name);
@@ -341,9 +362,10 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
       for (let grants = 1; ; grants++) {
         grantedAt = performance.now();
         leaseId = await grantLease(ctx, ctx.opts.livenessMs);
+        ownLeases.add(leaseId);
         await ctx.opts.faults?.("open:after-grant");
         try {
-          outcome = await claim(ctx, keys, name, create, leaseId, current, checked);
+          outcome = await claim(ctx, keys, name, create, leaseId, current, checked, seen, ownLeases);
           break;
         } catch (err) {
           // The lease ran out before the claim reached etcd (this process was paused, or etcd was

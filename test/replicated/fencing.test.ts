@@ -41,6 +41,16 @@ describe("replicated ownership and local copy", () => {
     storages.push(s);
     return { storage: s, logger, dataDir: `${dirs.dir}/${label}` };
   };
+  /** The `<db>/waitfor/` entries of `name`: [the lease the key names, the lease it is attached to], sorted. */
+  const waiting = async (name: string): Promise<string[][]> => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    try {
+      const res = await admin.getAll().prefix(keysOf(name).waitForPrefix).exec();
+      return res.kvs.map((kv) => [kv.key.toString().slice(keysOf(name).waitForPrefix.length), String(kv.lease)]).sort();
+    } finally {
+      admin.close();
+    }
+  };
   /** Identities of the whole log as a brand-new machine reads it from the cluster. */
   const clusterLog = async (name: string): Promise<string[]> => {
     const s = machine(`probe-${Math.random().toString(36).slice(2)}`).storage;
@@ -197,7 +207,7 @@ describe("replicated ownership and local copy", () => {
     }
   });
 
-  it("an open that fails after its claim (the cluster's log unreadable) while the previous owner's lease lives leaves its owner record to run out, naming that lease, so the next opener still waits for it", async () => {
+  it("an open that fails after its claim (the cluster's log unreadable) while the previous owner's lease lives hands that lease over (an entry attached to it), so the next opener still waits for it", async () => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
     try {
       // The first owner's lease is long (60 s), so that it outlives this test's waits unless revoked.
@@ -216,15 +226,8 @@ describe("replicated ownership and local copy", () => {
         assert.doesNotMatch(String(err), /opened by another process|unavailable|timed out/i, "it failed while catching up, not on the cluster");
         return true;
       });
-      const record = JSON.parse((await admin.get(keys.liveness).string()) ?? "null") as { epoch: number; lease: string; pending: { lease: string }[] } | null;
-      assert.ok(record !== null, "the failed opener's owner record is still there (handed over before its lease was released)");
-      assert.equal(record.epoch, 2);
-      assert.notEqual(record.lease, ownerA.lease);
-      assert.deepEqual(
-        record.pending.map((p) => p.lease),
-        [ownerA.lease],
-        "it names the previous owner's lease, for the next opener to wait for",
-      );
+      assert.equal(await admin.get(keys.epoch).string(), "2", "the failed open had claimed");
+      assert.deepEqual(await waiting("abandon"), [[ownerA.lease, ownerA.lease]], "the previous owner's lease, handed over on itself");
       // The next opener (the log mended) waits for the first owner, which still runs...
       await admin.put(keys.log(1)).value(good);
       const c = await machine("abandon-C").storage.open("abandon");
@@ -232,7 +235,7 @@ describe("replicated ownership and local copy", () => {
       void c.lease!.previousGone().then(() => (gone = true));
       await new Promise((r) => setTimeout(r, 1000));
       assert.equal(gone, false, "the next owner waits while the first owner's lease lives");
-      // ...until it closes (its lease revoked) and the failed opener's lease runs out.
+      // ...until it closes (its lease revoked).
       await a.close();
       await eventually(() => gone, "the next owner's wait ends once the earlier leases are gone", 30_000);
       await c.close();
@@ -241,7 +244,7 @@ describe("replicated ownership and local copy", () => {
     }
   });
 
-  it("a clean close soon after an open, before the earlier owners' leases were seen gone, hands its owner record over to a lease that outlives them: the next opener still waits for them, even after one of them is revoked", async () => {
+  it("a clean close soon after an open, before the earlier owners' leases were seen gone, hands each over to an entry attached to that lease: the next opener still waits for them, and one's revoke ends only its own", async () => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
     try {
       // Two earlier owners with long leases (60 s), so that they outlive this test's waits unless revoked.
@@ -255,7 +258,7 @@ describe("replicated ownership and local copy", () => {
       const a = await long("handover-A").open("handover");
       await a.commit([ev("h1")]);
       const ownerA = await record();
-      // The second owner fences the first (whose lease lives on); its lease has the most time left.
+      // The second owner fences the first (whose lease lives on).
       const b = await long("handover-B").open("handover");
       const ownerB = await record();
       // The third owner opens and closes at once, never having seen either lease gone.
@@ -263,24 +266,22 @@ describe("replicated ownership and local copy", () => {
       assert.equal(c.epoch, 3);
       const ownerC = await record();
       assert.deepEqual(
-        ownerC.pending.map((p) => p.lease),
-        [ownerB.lease, ownerA.lease],
+        ownerC.pending.map((p) => p.lease).sort(),
+        [ownerA.lease, ownerB.lease].sort(),
       );
       await c.close();
-      const kv = (await admin.get(keys.liveness).exec()).kvs[0];
-      assert.ok(kv !== undefined, "the owner record outlives the closed owner's revoked lease");
-      const holder = String(kv.lease);
-      assert.ok(![ownerA.lease, ownerB.lease, ownerC.lease].includes(holder), "attached to a lease of its own, which no earlier owner can revoke");
-      const handed = JSON.parse(kv.value.toString()) as { epoch: number; lease: string; pending: { lease: string }[] };
-      assert.equal(handed.epoch, 3);
-      assert.equal(handed.lease, ownerC.lease);
-      assert.deepEqual(handed.pending.map((p) => p.lease).sort(), [ownerA.lease, ownerB.lease].sort());
-      const holderTtl = Number((await admin.leaseClient.leaseTimeToLive({ ID: holder, keys: false })).TTL);
-      const bTtl = Number((await admin.leaseClient.leaseTimeToLive({ ID: ownerB.lease, keys: false })).TTL);
-      assert.ok(holderTtl >= bTtl && holderTtl <= 62, `it outlives the longest earlier lease (${holderTtl} s against ${bTtl} s), and not by much`);
-      // The second owner learns it was fenced and closes: its lease is revoked, the record stays.
+      assert.equal(await admin.get(keys.liveness).string(), null, "its own record went with its revoked lease");
+      assert.deepEqual(
+        await waiting("handover"),
+        [
+          [ownerA.lease, ownerA.lease],
+          [ownerB.lease, ownerB.lease],
+        ].sort(),
+        "each earlier lease handed over, attached to itself",
+      );
+      // The second owner learns it was fenced and closes: its lease is revoked, and only its entry goes.
       await b.close();
-      assert.notEqual(await admin.get(keys.liveness).string(), null, "an earlier owner's revoke does not delete the handed-over record");
+      assert.deepEqual(await waiting("handover"), [[ownerA.lease, ownerA.lease]]);
       // The next opener waits for the first owner, which still holds its lease...
       const d = await machine("handover-D").storage.open("handover");
       let gone = false;
@@ -290,6 +291,7 @@ describe("replicated ownership and local copy", () => {
       // ...until that owner closes (its lease revoked).
       await a.close();
       await eventually(() => gone, "the next owner's wait ends once the first owner's lease is gone", 30_000);
+      assert.deepEqual(await waiting("handover"), []);
       // The fourth owner saw every earlier lease gone: its close revokes its lease and its record with it.
       await d.close();
       assert.equal(await admin.get(keys.liveness).string(), null);
@@ -382,6 +384,64 @@ describe("replicated ownership and local copy", () => {
       assert.equal(c.epoch, 3);
       assert.deepEqual((await c.read()).map((e) => e.identity), [ev("x1"), ev("x2")].map((e) => e.identity));
       await c.close();
+    } finally {
+      admin.close();
+    }
+  });
+
+  it("an open claiming again with a new lease still waits for an earlier owner its first attempt saw named, though the record naming it is gone by then", async () => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    try {
+      const leaseIds = async (): Promise<Set<string>> => new Set((await admin.leaseClient.leaseLeases()).leases.map((l) => String(l.ID)));
+      const revokeNew = async (known: Set<string>): Promise<number> => {
+        let n = 0;
+        for (const l of (await admin.leaseClient.leaseLeases()).leases) {
+          if (known.has(String(l.ID))) continue;
+          await admin.leaseClient.leaseRevoke({ ID: l.ID });
+          n++;
+        }
+        return n;
+      };
+      // The first owner runs on a long lease (60 s).
+      const storageA = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/seen-A`, livenessMs: 60_000 });
+      storages.push(storageA);
+      const a = await storageA.open("seen");
+      await a.commit([ev("s1")]);
+      let grants = 0;
+      let x: Database | null = null;
+      let knownBefore = new Set<string>();
+      const storageB = createReplicatedStorage({
+        endpoints: dc.cluster.endpoints,
+        dataDir: `${dirs.dir}/seen-B`,
+        faults: async (point) => {
+          if (point !== "open:after-grant") return;
+          grants++;
+          if (grants === 1) {
+            // B's first lease runs out before its claim (which reads the first owner's record).
+            assert.equal(await revokeNew(knownBefore), 1, "B's lease, and only it");
+          } else if (grants === 2) {
+            // Meanwhile another opener claims and dies; its record (naming the first owner) goes with
+            // its lease, and nothing names the first owner any more.
+            const known = await leaseIds();
+            x = await machine("seen-X").storage.open("seen");
+            assert.equal(await revokeNew(known), 1, "the other opener's lease, and only it");
+            assert.equal(await admin.get(keysOf("seen").liveness).string(), null);
+          }
+        },
+      });
+      storages.push(storageB);
+      knownBefore = await leaseIds();
+      const b = await storageB.open("seen");
+      assert.equal(grants, 2);
+      assert.equal(b.epoch, 3);
+      let gone = false;
+      void b.lease!.previousGone().then(() => (gone = true));
+      await new Promise((r) => setTimeout(r, 1000));
+      assert.equal(gone, false, "it waits for the first owner, whose lease lives");
+      await a.close();
+      await eventually(() => gone, "the wait ends once the first owner's lease is gone", 30_000);
+      await b.close();
+      await (x as Database | null)?.close();
     } finally {
       admin.close();
     }

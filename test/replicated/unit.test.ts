@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { EtcdAuthenticationFailedError, EtcdPermissionDeniedError, GRPCDeadlineExceededError, GRPCUnavailableError } from "etcd3";
+import { EtcdAuthenticationFailedError, EtcdLeaseInvalidError, EtcdPermissionDeniedError, GRPCDeadlineExceededError, GRPCUnavailableError } from "etcd3";
 import type { Context } from "../../storage-adapters/replicated/context.js";
 import { classifyEtcdError, mapEtcdError } from "../../storage-adapters/replicated/etcd-errors.js";
 import { checkMembers } from "../../storage-adapters/replicated/open.js";
@@ -156,19 +156,18 @@ describe("the owner's wait for earlier leases", () => {
     assert.ok(!calls.includes("call"), "no earlier lease was polled");
   });
 
-  /** A context whose cluster answers LeaseTimeToLive from `ttls` (in turn, the last one repeated), grants lease 900 and records what it is asked. */
-  const fakeCluster = (ttls: string[] | null) => {
-    const asked: { grants: number[]; revokes: string[]; puts: { lease: string; value: string }[]; ttlQueries: number } = { grants: [], revokes: [], puts: [], ttlQueries: 0 };
+  /**
+   * A context whose cluster answers LeaseTimeToLive from `ttls` (in turn, the last one repeated),
+   * refuses a put attached to a lease in `goneLeases` as etcd does, answers nothing when `silent`,
+   * and records what it is asked.
+   */
+  const fakeCluster = (ttls: string[], goneLeases: string[] = [], silent = false) => {
+    const asked: { revokes: string[]; puts: { key: string; lease: string; value: string }[]; ttlQueries: number } = { revokes: [], puts: [], ttlQueries: 0 };
     const client = {
       leaseClient: {
         leaseTimeToLive: () => {
-          if (ttls === null) return Promise.reject(new Error("no cluster"));
           asked.ttlQueries++;
           return Promise.resolve({ TTL: ttls.length > 1 ? ttls.shift()! : ttls[0]! });
-        },
-        leaseGrant: (req: { TTL: number }) => {
-          asked.grants.push(req.TTL);
-          return Promise.resolve({ ID: "900" });
         },
         leaseRevoke: (req: { ID: string }) => {
           asked.revokes.push(String(req.ID));
@@ -182,14 +181,18 @@ describe("the owner's wait for earlier leases", () => {
       opts: { commitTimeoutMs: 5000 },
       router: { call },
       call,
-      txn: (_compare: unknown, success: { request_put?: { value: Buffer; lease: string } }[]) => {
-        for (const op of success) if (op.request_put) asked.puts.push({ lease: op.request_put.lease, value: op.request_put.value.toString() });
+      txn: (_compare: unknown, success: { request_put?: { key: Buffer; value: Buffer; lease: string } }[]) => {
+        if (silent) return Promise.reject(new GRPCUnavailableError("no answer"));
+        const putOp = success.find((op) => op.request_put !== undefined)?.request_put;
+        if (putOp !== undefined && goneLeases.includes(putOp.lease)) return Promise.reject(new EtcdLeaseInvalidError("etcdserver: requested lease not found"));
+        if (putOp !== undefined) asked.puts.push({ key: putOp.key.toString(), lease: putOp.lease, value: putOp.value.toString() });
         return Promise.resolve({ succeeded: true, responses: [] });
       },
     } as unknown as Context;
     return { ctx, asked };
   };
   const earlier = { lease: "41", host: "another-host", pid: 1 };
+  const earlier2 = { lease: "42", host: "another-host", pid: 2 };
 
   it("a lease etcd reports with TTL 0 (under a second left: etcd rounds down) is still waited for; -1 is gone", async () => {
     const { ctx, asked } = fakeCluster(["0", "0", "-1"]);
@@ -198,31 +201,28 @@ describe("the owner's wait for earlier leases", () => {
     assert.equal(asked.ttlQueries, 3, "polled until etcd said -1");
   });
 
-  it("a close before the earlier leases were seen gone hands the record over to a new lease of its own that outlives them, then revokes its own", async () => {
-    const { ctx, asked } = fakeCluster(["5"]);
-    const lease = new ReplicatedLease(ctx, "hand", keysOf("hand"), 2, "10", "7587", 3000, [earlier], performance.now());
+  it("a close before the earlier leases were seen gone hands each one over to an entry attached to that very lease (skipping one already gone), then revokes its own", async () => {
+    const { ctx, asked } = fakeCluster(["5"], ["42"]);
+    const lease = new ReplicatedLease(ctx, "hand", keysOf("hand"), 2, "10", "7587", 3000, [earlier2, earlier], performance.now());
     await lease.release();
-    assert.deepEqual(asked.grants, [6], "the longest TTL left (5 s, rounded down by etcd) plus a second");
-    assert.equal(asked.puts.length, 1);
-    assert.equal(asked.puts[0]!.lease, "900");
-    assert.deepEqual((JSON.parse(asked.puts[0]!.value) as { pending: unknown[] }).pending, [earlier]);
+    assert.deepEqual(asked.puts, [{ key: keysOf("hand").waitFor("41"), lease: "41", value: JSON.stringify(earlier) }], "lease 42 is gone: etcd refused its entry");
     assert.deepEqual(asked.revokes, ["7587"], "then its own lease is revoked");
   });
 
   it("a close whose hand-over goes unanswered leaves its own lease to run out, with the record naming the earlier owners", async () => {
-    const { ctx, asked } = fakeCluster(null);
+    const { ctx, asked } = fakeCluster(["5"], [], true);
     const lease = new ReplicatedLease(ctx, "silent", keysOf("silent"), 2, "10", "7587", 3000, [earlier], performance.now());
     await lease.release();
     assert.deepEqual(asked.revokes, [], "not revoked");
-    assert.deepEqual(asked.puts, []);
   });
 
-  it("a close with every earlier lease gone revokes its lease and hands nothing over", async () => {
+  it("a close after it saw every earlier lease gone hands nothing over and revokes its lease", async () => {
     const { ctx, asked } = fakeCluster(["-1"]);
     const lease = new ReplicatedLease(ctx, "gone", keysOf("gone"), 2, "10", "7587", 3000, [earlier], performance.now());
+    await lease.previousGone();
+    const putsBefore = asked.puts.length;
     await lease.release();
-    assert.deepEqual(asked.grants, []);
-    assert.deepEqual(asked.puts, []);
+    assert.equal(asked.puts.length, putsBefore, "no hand-over");
     assert.deepEqual(asked.revokes, ["7587"]);
   });
 });
