@@ -83,6 +83,8 @@ export class ReplicatedLease implements OwnershipLease {
   private previous: Promise<void> | null = null;
   /** Every earlier owner's lease was seen gone (waitPrevious ended): nothing to hand over at close. */
   private previousSeenGone = false;
+  /** The earlier owners' leases were handed over right after the claim (handOverNow). */
+  private handedOver = false;
 
   constructor(
     private readonly ctx: Context,
@@ -247,6 +249,17 @@ export class ReplicatedLease implements OwnershipLease {
     }
   }
 
+  /**
+   * Hands the earlier owners' leases over (see handOver) right after the claim, so that they are
+   * waited for by the next opener whatever becomes of this owner: its record, which names them, goes
+   * with its lease when it dies. Unanswered: done again at close, and meanwhile the record names them.
+   */
+  async handOverNow(): Promise<void> {
+    if (this.openPrevious().length === 0) return;
+    if ((await handOver(this.ctx, this.keys, this.claimRevision, this.openPrevious())) === "done") this.handedOver = true;
+    else this.ctx.log.warn({ db: this.db }, "could not hand the earlier owners' leases over after the claim; retried at close");
+  }
+
   async release(): Promise<void> {
     if (this.released) return;
     // Fenced (renewals stopped) or lost: no owner record of ours to hand over.
@@ -258,7 +271,7 @@ export class ReplicatedLease implements OwnershipLease {
     // the record is handed over first (see handOver), while this lease is still renewed, and within
     // the time it is sure to be held; if that could not be done, the lease is left to run out.
     let handed: "done" | "unknown" = "done";
-    if (owner && !this.previousSeenGone) {
+    if (owner && !this.previousSeenGone && !this.handedOver) {
       let timer: NodeJS.Timeout | undefined;
       handed = await Promise.race([
         handOver(this.ctx, this.keys, this.claimRevision, this.openPrevious()),

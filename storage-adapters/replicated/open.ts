@@ -118,6 +118,10 @@ async function claim(
   own: ReadonlySet<string>,
 ): Promise<Claimed | { restart: EpochHead }> {
   const ttlMs = ctx.opts.livenessMs;
+  // Every earlier lease this open has seen named (by any read of any attempt: a claim that landed
+  // unanswered read a record this open never saw, and its lease may have run out with it since),
+  // never one this open granted. Waiting for a lease that is already gone costs one poll.
+  const earlier = (): LeaseRef[] => [...seen.values()].filter((r) => !own.has(r.lease));
   for (let attempt = 0; attempt < MAX_CLAIMS; attempt++) {
     const current = attempt === 0 ? first : await readEpochHead(ctx, keys);
     // An id without an epoch key (left by a partial deletion) is no database's: it is overwritten below.
@@ -127,16 +131,14 @@ async function claim(
       const uid = randomUUID();
       const res = await ctx.txn(
         [absent(keys.epoch)],
-        [put(keys.epoch, "1"), put(keys.head, "0"), put(keys.mseq, "0"), putWithLease(keys.liveness, ReplicatedLease.record(1, lease, ttlMs, []), lease), put(keys.uid, uid)],
+        [put(keys.epoch, "1"), put(keys.head, "0"), put(keys.mseq, "0"), putWithLease(keys.liveness, ReplicatedLease.record(1, lease, ttlMs, earlier()), lease), put(keys.uid, uid)],
       );
-      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision, uid, waitFor: [] };
+      // A database created again by this open (it was deleted meanwhile): the old one's owners, if this
+      // open saw any, are still waited for; they see their epoch key gone and stop.
+      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision, uid, waitFor: earlier() };
       continue;
     }
     const next = current.epoch + 1;
-    // Every earlier lease this open has seen named (by any read of any attempt: a claim that landed
-    // unanswered read a record this open never saw, and its lease may have run out with it since),
-    // never one this open granted. Waiting for a lease that is already gone costs one poll.
-    const earlier = (): LeaseRef[] => [...seen.values()].filter((r) => !own.has(r.lease));
     // The previous record is read before it is replaced, and again in the same transaction.
     await peekOwner(ctx, keys, seen);
     const res = await ctx.txn(
@@ -396,6 +398,7 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
       if (current.epoch !== null && current.uid === null) current = { ...current, uid: await ensureUid(ctx, keys) };
     }
     lease.start();
+    await lease.handOverNow();
   } catch (err) {
     // A lease granted here is left to its TTL, not revoked: the claim that failed may have landed
     // unanswered, and then the owner record attached to the lease names the earlier owners the next

@@ -300,6 +300,35 @@ describe("replicated ownership and local copy", () => {
     }
   });
 
+  it("an owner that dies right after its claim (never closing) has already handed the earlier leases over: the next opener still waits for them", async () => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    try {
+      const storageA = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/dies-A`, livenessMs: 60_000 });
+      storages.push(storageA);
+      const a = await storageA.open("dies");
+      await a.commit([ev("d1")]);
+      const keys = keysOf("dies");
+      const ownerA = JSON.parse((await admin.get(keys.liveness).string())!) as { lease: string };
+      const b = await machine("dies-B").storage.open("dies");
+      assert.deepEqual(await waiting("dies"), [[ownerA.lease, ownerA.lease]], "handed over by the open itself");
+      // The second owner dies: its lease runs out (revoked here, at once), and its record with it.
+      const ownerB = JSON.parse((await admin.get(keys.liveness).string())!) as { lease: string };
+      await admin.leaseClient.leaseRevoke({ ID: ownerB.lease });
+      assert.equal(await admin.get(keys.liveness).string(), null);
+      const c = await machine("dies-C").storage.open("dies");
+      let gone = false;
+      void c.lease!.previousGone().then(() => (gone = true));
+      await new Promise((r) => setTimeout(r, 1000));
+      assert.equal(gone, false, "the next owner waits while the first owner's lease lives");
+      await a.close();
+      await eventually(() => gone, "the wait ends once the first owner's lease is gone", 30_000);
+      await c.close();
+      await b.close().catch(() => undefined);
+    } finally {
+      admin.close();
+    }
+  });
+
   it("a clean close with no earlier owner to wait for, or after it saw them gone, deletes its owner record (its lease revoked)", async () => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
     try {
