@@ -280,7 +280,8 @@ export interface Storage {
  * Unused in production (undefined: no cost).
  */
 export type FaultPoint = "commit:before" | "commit:after-durable" | "open:before-claim" | "open:after-grant";
-export type FaultHook = (point: FaultPoint) => void | Promise<void>;
+/** `detail.lease`: at `open:after-grant`, the id of the lease just granted. */
+export type FaultHook = (point: FaultPoint, detail?: { readonly lease?: string }) => void | Promise<void>;
 
 /** Limits every adapter enforces the same way: a mailbox holds at most this many unacknowledged messages. */
 export const MAILBOX_LIMIT = 1000;

@@ -365,7 +365,7 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
         grantedAt = performance.now();
         leaseId = await grantLease(ctx, ctx.opts.livenessMs);
         ownLeases.add(leaseId);
-        await ctx.opts.faults?.("open:after-grant");
+        await ctx.opts.faults?.("open:after-grant", { lease: leaseId });
         try {
           outcome = await claim(ctx, keys, name, create, leaseId, current, checked, seen, ownLeases);
           break;
