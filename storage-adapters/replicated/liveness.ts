@@ -255,8 +255,9 @@ export class ReplicatedLease implements OwnershipLease {
    * with its lease when it dies. Unanswered: done again at close, and meanwhile the record names them.
    */
   async handOverNow(): Promise<void> {
-    if (this.openPrevious().length === 0) return;
-    if ((await handOver(this.ctx, this.keys, this.claimRevision, this.openPrevious())) === "done") this.handedOver = true;
+    const open = this.openPrevious();
+    if (open.length === 0) return;
+    if ((await handOver(this.ctx, this.keys, this.claimRevision, open)) === "done") this.handedOver = true;
     else this.ctx.log.warn({ db: this.db }, "could not hand the earlier owners' leases over after the claim; retried at close");
   }
 
@@ -266,10 +267,10 @@ export class ReplicatedLease implements OwnershipLease {
     const owner = !this.stopped && this.lost === null;
     const left = this.remainingMs();
     this.released = true;
-    // The owner record is attached to this lease, and revoking it deletes the record. If the record
-    // still names earlier owners' leases not seen gone, the next opener must still wait for them:
-    // the record is handed over first (see handOver), while this lease is still renewed, and within
-    // the time it is sure to be held; if that could not be done, the lease is left to run out.
+    // The owner record is attached to this lease, and revoking it deletes the record. If it still
+    // names earlier owners' leases not seen gone and the hand-over after the claim went unanswered,
+    // they are handed over now (see handOver), while this lease is still renewed, and within the time
+    // it is sure to be held; if that cannot be done, the lease is left to run out.
     let handed: "done" | "unknown" = "done";
     if (owner && !this.previousSeenGone && !this.handedOver) {
       let timer: NodeJS.Timeout | undefined;
@@ -297,13 +298,14 @@ export class ReplicatedLease implements OwnershipLease {
 }
 
 /**
- * Before a clean close revokes this lease: each earlier owner's lease it was still to wait for is
- * written as `<db>/waitfor/<lease>` (layout.ts) attached to that very lease, guarded by this owner's
- * claim; openers read those keys with the owner record (open.ts `claim`). Each entry lasts exactly as
+ * Right after the claim (handOverNow), and again before a clean close revokes this lease if that went
+ * unanswered: each earlier owner's lease still to wait for is written as `<db>/waitfor/<lease>`
+ * (layout.ts) attached to that very lease, guarded by this owner's claim; openers read those keys with
+ * the owner record (open.ts `claim`). Each entry lasts exactly as
  * long as its lease, whoever renews or revokes it, and a lease already gone is refused by etcd and
  * skipped. Without it, a close soon after an open (before `previousGone()` resolved, or when no cell
- * asked for it) deleted the only record of a previous owner whose cells may still run (the record is
- * attached to this lease), and the next opener launched beside them. (A first version attached the
+ * asked for it), or this owner's death, deleted the only record of a previous owner whose cells may
+ * still run (the record is attached to this lease), and the next opener launched beside them. (A first version attached the
  * whole record to one pending lease: that owner's revoke deleted it while an earlier one lived; a
  * second, to a new lease of the longest TTL left: an owner fenced without knowing it renews past that.)
  *

@@ -41,6 +41,12 @@ describe("replicated ownership and local copy", () => {
     storages.push(s);
     return { storage: s, logger, dataDir: `${dirs.dir}/${label}` };
   };
+  /** A machine whose owner lease is long (60 s), so that it outlives a test's waits unless revoked. */
+  const long = (label: string): Storage => {
+    const s = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/${label}`, livenessMs: 60_000 });
+    storages.push(s);
+    return s;
+  };
   /** The `<db>/waitfor/` entries of `name`: [the lease the key names, the lease it is attached to], sorted. */
   const waiting = async (name: string): Promise<string[][]> => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
@@ -211,8 +217,7 @@ describe("replicated ownership and local copy", () => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
     try {
       // The first owner's lease is long (60 s), so that it outlives this test's waits unless revoked.
-      const storageA = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/abandon-A`, livenessMs: 60_000 });
-      storages.push(storageA);
+      const storageA = long("abandon-A");
       const a = await storageA.open("abandon");
       await a.commit([ev("x1")]);
       const keys = keysOf("abandon");
@@ -248,11 +253,6 @@ describe("replicated ownership and local copy", () => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
     try {
       // Two earlier owners with long leases (60 s), so that they outlive this test's waits unless revoked.
-      const long = (label: string): Storage => {
-        const s = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/${label}`, livenessMs: 60_000 });
-        storages.push(s);
-        return s;
-      };
       const keys = keysOf("handover");
       const record = async () => JSON.parse((await admin.get(keys.liveness).string())!) as { epoch: number; lease: string; pending: { lease: string }[] };
       const a = await long("handover-A").open("handover");
@@ -303,8 +303,7 @@ describe("replicated ownership and local copy", () => {
   it("an owner that dies right after its claim (never closing) has already handed the earlier leases over: the next opener still waits for them", async () => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
     try {
-      const storageA = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/dies-A`, livenessMs: 60_000 });
-      storages.push(storageA);
+      const storageA = long("dies-A");
       const a = await storageA.open("dies");
       await a.commit([ev("d1")]);
       const keys = keysOf("dies");
@@ -411,8 +410,7 @@ describe("replicated ownership and local copy", () => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
     try {
       // The first owner runs on a long lease (60 s).
-      const storageA = createReplicatedStorage({ endpoints: dc.cluster.endpoints, dataDir: `${dirs.dir}/seen-A`, livenessMs: 60_000 });
-      storages.push(storageA);
+      const storageA = long("seen-A");
       const a = await storageA.open("seen");
       await a.commit([ev("s1")]);
       let grants = 0;
