@@ -277,10 +277,12 @@ export interface Storage {
  * the local copy against the database's id and is about to claim the epoch: a test changes the
  * database there. `open:after-grant` (replicated only) runs between the grant of the lease a claim is
  * written with and the claim: a test makes the lease run out there, as a pause of the opener would.
+ * `open:after-claim` (replicated only) runs right after the claim landed, before the lease is renewed
+ * or anything else is sent: a test makes the new owner die there.
  * Unused in production (undefined: no cost).
  */
-export type FaultPoint = "commit:before" | "commit:after-durable" | "open:before-claim" | "open:after-grant";
-/** `detail.lease`: at `open:after-grant`, the id of the lease just granted. */
+export type FaultPoint = "commit:before" | "commit:after-durable" | "open:before-claim" | "open:after-grant" | "open:after-claim";
+/** `detail.lease`: at `open:after-grant` and `open:after-claim`, the id of the lease just granted (and claimed with). */
 export type FaultHook = (point: FaultPoint, detail?: { readonly lease?: string }) => void | Promise<void>;
 
 /** Limits every adapter enforces the same way: a mailbox holds at most this many unacknowledged messages. */

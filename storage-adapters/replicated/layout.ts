@@ -22,9 +22,10 @@
  *                                         earlier owners' leases it has not yet seen gone), attached
  *                                         to that etcd lease: gone when the lease expires or is revoked.
  *   cairn/db/<name>/waitfor/<lease id>    an earlier owner's lease (JSON: lease id, host, pid) that an
- *                                         owner closing before it saw that lease gone handed over
- *                                         (liveness.ts handOver), attached to that very lease: gone
- *                                         exactly when it is. Openers wait for these too.
+ *                                         owner's claim handed over (open.ts claim, in the claim's
+ *                                         transaction; liveness.ts handOver for the rest), attached
+ *                                         to that very lease: gone exactly when it is. Openers wait
+ *                                         for these too.
  *   cairn/db/<name>/snap                  the latest snapshot's pointer (JSON: seq, digest, chunks,
  *                                         cut, cutHash); written last, in one txn guarded by the epoch.
  *   cairn/db/<name>/snapdata/<seq>/<i>    the snapshot text, in chunks of at most 1 MiB.

@@ -11,12 +11,13 @@
  * - Lost: at `sentAt + ttl - margin` without a newer confirmed renewal, `onLost` fires: the harness
  *   SIGKILLs its cells' process groups and stops acting. After a fence the handle stops renewing.
  * - A new owner's `previousGone()` polls the previous owners' leases (LeaseTimeToLive, -1 = gone),
- *   skipping those whose process ran on this host and is gone. A clean close revokes the lease,
- *   after handing the earlier leases it still named over to keys attached to them (see `handOver`).
+ *   skipping those whose process ran on this host and is gone. The claim's own transaction hands the
+ *   earlier leases over to keys attached to them (open.ts `claim`; `handOver` here when it could not
+ *   hold them all). A clean close revokes the lease.
  */
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
-import { EtcdLeaseInvalidError, GRPCDeadlineExceededError, GRPCUnavailableError, castGrpcError, type IDuplexStream } from "etcd3";
+import { EtcdLeaseInvalidError, GRPCDeadlineExceededError, GRPCUnavailableError, castGrpcError, type IDuplexStream, type IRequestOp } from "etcd3";
 import type { OwnershipLease } from "../../src/storage/contract.js";
 import type { Context } from "./context.js";
 import type { Keys } from "./layout.js";
@@ -83,7 +84,7 @@ export class ReplicatedLease implements OwnershipLease {
   private previous: Promise<void> | null = null;
   /** Every earlier owner's lease was seen gone (waitPrevious ended): nothing to hand over at close. */
   private previousSeenGone = false;
-  /** The earlier owners' leases were handed over right after the claim (handOverNow). */
+  /** The earlier owners' leases were handed over: by the claim's transaction, or right after it (handOverNow). */
   private handedOver = false;
 
   constructor(
@@ -250,15 +251,22 @@ export class ReplicatedLease implements OwnershipLease {
   }
 
   /**
-   * Hands the earlier owners' leases over (see handOver) right after the claim, so that they are
-   * waited for by the next opener whatever becomes of this owner: its record, which names them, goes
-   * with its lease when it dies. Unanswered: done again at close, and meanwhile the record names them.
+   * Hands the earlier owners' leases over (see handOver) right after the claim, when the claim's own
+   * transaction could not hold them all (open.ts MAX_HANDED_IN_CLAIM), so that they are waited for by
+   * the next opener whatever becomes of this owner: its record, which names them, goes with its lease
+   * when it dies. Unanswered: done again at close, and meanwhile the record names them.
    */
   async handOverNow(): Promise<void> {
+    if (this.handedOver) return;
     const open = this.openPrevious();
     if (open.length === 0) return;
     if ((await handOver(this.ctx, this.keys, this.claimRevision, open)) === "done") this.handedOver = true;
     else this.ctx.log.warn({ db: this.db }, "could not hand the earlier owners' leases over after the claim; retried at close");
+  }
+
+  /** The claim's own transaction handed every earlier lease over (open.ts `claim`): nothing left to hand over. */
+  markHandedOver(): void {
+    this.handedOver = true;
   }
 
   async release(): Promise<void> {
@@ -298,16 +306,19 @@ export class ReplicatedLease implements OwnershipLease {
 }
 
 /**
- * Right after the claim (handOverNow), and again before a clean close revokes this lease if that went
- * unanswered: each earlier owner's lease still to wait for is written as `<db>/waitfor/<lease>`
- * (layout.ts) attached to that very lease, guarded by this owner's claim; openers read those keys with
- * the owner record (open.ts `claim`). Each entry lasts exactly as
- * long as its lease, whoever renews or revokes it, and a lease already gone is refused by etcd and
- * skipped. Without it, a close soon after an open (before `previousGone()` resolved, or when no cell
- * asked for it), or this owner's death, deleted the only record of a previous owner whose cells may
- * still run (the record is attached to this lease), and the next opener launched beside them. (A first version attached the
- * whole record to one pending lease: that owner's revoke deleted it while an earlier one lived; a
- * second, to a new lease of the longest TTL left: an owner fenced without knowing it renews past that.)
+ * Each earlier owner's lease still to wait for is written as `<db>/waitfor/<lease>` (layout.ts)
+ * attached to that very lease; openers read those keys with the owner record (open.ts `claim`). The
+ * claim's own transaction writes them (open.ts); this writes them, guarded by this owner's claim, only
+ * when the claim could not hold them all: right after the claim (handOverNow), and again before a clean
+ * close revokes this lease if that went unanswered. Each entry lasts exactly as long as its lease,
+ * whoever renews or revokes it, and a lease already gone is refused by etcd and skipped here (the claim
+ * drops it and is sent again). Without them, a close soon after an open (before `previousGone()`
+ * resolved, or when no cell asked for it), or this owner's death, deleted the only record of a
+ * previous owner whose cells may still run (the record is attached to this lease), and the next opener
+ * launched beside them. Written right after the claim, an owner frozen between the two whose lease ran
+ * out left that window open: hence the claim. (A first version attached the whole record to one
+ * pending lease: that owner's revoke deleted it while an earlier one lived; a second, to a new lease of
+ * the longest TTL left: an owner fenced without knowing it renews past that.)
  *
  * "done": every entry written or its lease gone, or this owner was fenced meanwhile (the new owner's
  * claim read the record as it was). "unknown": the cluster did not answer.
@@ -315,7 +326,7 @@ export class ReplicatedLease implements OwnershipLease {
 async function handOver(ctx: Context, keys: Keys, claimRevision: string, open: readonly LeaseRef[]): Promise<"done" | "unknown"> {
   for (const ref of open) {
     try {
-      const res = await ctx.txn([ownerGuard(keys.epoch, claimRevision)], [putWithLease(keys.waitFor(ref.lease), JSON.stringify({ lease: ref.lease, host: ref.host, pid: ref.pid }), ref.lease)]);
+      const res = await ctx.txn([ownerGuard(keys.epoch, claimRevision)], [handOverOp(keys, ref)]);
       if (!res.succeeded) return "done";
     } catch (err) {
       if (leaseNotFound(err)) continue;
@@ -324,6 +335,11 @@ async function handOver(ctx: Context, keys: Keys, claimRevision: string, open: r
     }
   }
   return "done";
+}
+
+/** The put of `<db>/waitfor/<lease>` naming `ref`, attached to that very lease (handOver, and the claim in open.ts). */
+export function handOverOp(keys: Keys, ref: LeaseRef): IRequestOp {
+  return putWithLease(keys.waitFor(ref.lease), JSON.stringify({ lease: ref.lease, host: ref.host, pid: ref.pid }), ref.lease);
 }
 
 /** etcd refused a request for a lease it does not hold (expired or revoked). */

@@ -14,7 +14,7 @@ import type { Context } from "./context.js";
 import { ReplicatedDatabase } from "./database.js";
 import { GENESIS_HASH, checkDatabaseName, decodeBatch, keysOf, type Keys } from "./layout.js";
 import { LocalCopy, localCopyPath } from "./local-copy.js";
-import { ReplicatedLease, grantLease, leaseNotFound, parseLeaseRef, parseOwner, type LeaseRef, type OwnerRecord } from "./liveness.js";
+import { ReplicatedLease, grantLease, handOverOp, leaseGone, leaseNotFound, parseLeaseRef, parseOwner, type LeaseRef, type OwnerRecord } from "./liveness.js";
 import { absent, get, kvsOf, prefixEnd, put, putWithLease, valueIs, valueOf } from "./ops.js";
 import { readPointer, readSegments } from "./snapshots.js";
 
@@ -44,8 +44,15 @@ function refsOf(responses: readonly IResponseOp[], i: number): LeaseRef[] {
   });
 }
 
-/** Claim attempts before giving up (each failed attempt means another opener won that round). */
+/** Claim attempts before giving up (each failed attempt means another opener won that round, or an earlier owner's lease ran out). */
 const MAX_CLAIMS = 20;
+
+/**
+ * Earlier leases a claim hands over in its own transaction (6 operations of its own; etcd takes 128 by
+ * default). More than this, only after a pile-up of owners none of which saw the others gone: the
+ * rest are handed over right after the claim (liveness.ts handOverNow).
+ */
+const MAX_HANDED_IN_CLAIM = 32;
 
 /** A voting member and its zone. */
 export interface MemberInfo {
@@ -91,6 +98,8 @@ interface Claimed {
   uid: string | null;
   /** Earlier owners' leases not known to be gone (the previous owner's, and those it was waiting for). */
   waitFor: LeaseRef[];
+  /** Each of them is handed over (a `<db>/waitfor/` entry attached to it) by the claim's transaction. */
+  handedOver: boolean;
 }
 
 /** The database as a read saw it: its epoch (null: absent), head, revision and id. */
@@ -116,40 +125,75 @@ async function claim(
   checked: string | null,
   seen: Map<string, LeaseRef>,
   own: ReadonlySet<string>,
+  gone: Set<string>,
 ): Promise<Claimed | { restart: EpochHead }> {
   const ttlMs = ctx.opts.livenessMs;
   // Every earlier lease this open has seen named (by any read of any attempt: a claim that landed
   // unanswered read a record this open never saw, and its lease may have run out with it since),
-  // never one this open granted. Waiting for a lease that is already gone costs one poll.
-  const earlier = (): LeaseRef[] => [...seen.values()].filter((r) => !own.has(r.lease));
+  // never one this open granted nor one seen gone. Waiting for a lease that is already gone costs one poll.
+  const earlier = (): LeaseRef[] => [...seen.values()].filter((r) => !own.has(r.lease) && !gone.has(r.lease));
   for (let attempt = 0; attempt < MAX_CLAIMS; attempt++) {
     const current = attempt === 0 ? first : await readEpochHead(ctx, keys);
     // An id without an epoch key (left by a partial deletion) is no database's: it is overwritten below.
     if ((current.epoch === null ? null : current.uid) !== checked) return { restart: current };
-    if (current.epoch === null) {
-      if (!create) throw new DatabaseNotFound(name);
-      const uid = randomUUID();
-      const res = await ctx.txn(
-        [absent(keys.epoch)],
-        [put(keys.epoch, "1"), put(keys.head, "0"), put(keys.mseq, "0"), putWithLease(keys.liveness, ReplicatedLease.record(1, lease, ttlMs, earlier()), lease), put(keys.uid, uid)],
-      );
-      // A database created again by this open (it was deleted meanwhile): the old one's owners, if this
-      // open saw any, are still waited for; they see their epoch key gone and stop.
-      if (res.succeeded) return { epoch: 1, head: 0, revision: res.header.revision, uid, waitFor: earlier() };
+    if (current.epoch !== null) {
+      // The previous record is read before it is replaced (to hand its leases over in the claim),
+      // and again in the same transaction.
+      await peekOwner(ctx, keys, seen);
+    }
+    // The claim hands each earlier lease over itself (liveness.ts handOver): `<db>/waitfor/<lease>`
+    // attached to that lease, in the claim's transaction, so that no moment exists when this owner
+    // holds the epoch and only its own record (which dies with its lease) names them.
+    const handed = earlier().slice(0, MAX_HANDED_IN_CLAIM);
+    const next = current.epoch === null ? 1 : current.epoch + 1;
+    const record = putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, earlier()), lease);
+    const uid = current.epoch === null ? randomUUID() : null;
+    let res: Awaited<ReturnType<Context["txn"]>>;
+    try {
+      res =
+        current.epoch === null
+          ? await ctx.txn([absent(keys.epoch)], [put(keys.epoch, "1"), put(keys.head, "0"), put(keys.mseq, "0"), record, put(keys.uid, uid!), ...handed.map((r) => handOverOp(keys, r))])
+          : await ctx.txn(
+              [valueIs(keys.epoch, String(current.epoch)), ...(checked === null ? [] : [valueIs(keys.uid, checked)])],
+              [put(keys.epoch, String(next)), get(keys.head), get(keys.liveness), record, get(keys.uid), waitForRange(keys), ...handed.map((r) => handOverOp(keys, r))],
+            );
+    } catch (err) {
+      // etcd refuses the whole transaction when any lease it names is gone: an earlier owner's that ran
+      // out since it was read (dropped, and the claim again), or this open's own (the caller grants anew).
+      if (!leaseNotFound(err) || !(await dropGone(ctx, handed, gone))) throw err;
       continue;
     }
-    const next = current.epoch + 1;
-    // The previous record is read before it is replaced, and again in the same transaction.
-    await peekOwner(ctx, keys, seen);
-    const res = await ctx.txn(
-      [valueIs(keys.epoch, String(current.epoch)), ...(checked === null ? [] : [valueIs(keys.uid, checked)])],
-      [put(keys.epoch, String(next)), get(keys.head), get(keys.liveness), putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, earlier()), lease), get(keys.uid), waitForRange(keys)],
-    );
     if (!res.succeeded) continue;
-    noteEarlier(seen, parseOwner(valueOf(res.responses, 2)), refsOf(res.responses, 5));
-    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 4), waitFor: earlier() };
+    if (current.epoch === null) {
+      // A database created again by this open (it was deleted meanwhile): the old one's owners, if this
+      // open saw any, are still waited for; they see their epoch key gone and stop.
+      const waitFor = earlier();
+      return { epoch: 1, head: 0, revision: res.header.revision, uid, waitFor, handedOver: waitFor.length === handed.length };
+    }
+    const present = refsOf(res.responses, 5);
+    noteEarlier(seen, parseOwner(valueOf(res.responses, 2)), present);
+    // Those the transaction read as handed over already are attached to their leases too.
+    const done = new Set([...handed, ...present].map((r) => r.lease));
+    const waitFor = earlier();
+    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 4), waitFor, handedOver: waitFor.every((r) => done.has(r.lease)) };
   }
   throw new ConfigError(`could not claim database "${name}": ${MAX_CLAIMS} other openers claimed it at the same time; is a restart loop running?`);
+}
+
+/**
+ * Of the leases `refs`, adds those etcd reports gone (LeaseTimeToLive) to `gone`; true when it added
+ * any. A cluster that does not answer throws, as the claim would have.
+ */
+async function dropGone(ctx: Context, refs: readonly LeaseRef[], gone: Set<string>): Promise<boolean> {
+  let any = false;
+  for (const r of refs) {
+    const res = await ctx.call((client) => client.leaseClient.leaseTimeToLive({ ID: r.lease, keys: false }), false);
+    if (leaseGone(Number(res.TTL))) {
+      gone.add(r.lease);
+      any = true;
+    }
+  }
+  return any;
 }
 
 /**
@@ -343,6 +387,8 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
   /** The earlier owners' leases any read of this open saw named, and the leases this open granted (claim). */
   const seen = new Map<string, LeaseRef>();
   const ownLeases = new Set<string>();
+  /** Earlier leases etcd refused a claim for, as gone (claim). */
+  const gone = new Set<string>();
   try {
     for (let check = 0; ; check++) {
       if (current.epoch === null && !create) throw new DatabaseNotFound(name);
@@ -367,7 +413,7 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
         ownLeases.add(leaseId);
         await ctx.opts.faults?.("open:after-grant", { lease: leaseId });
         try {
-          outcome = await claim(ctx, keys, name, create, leaseId, current, checked, seen, ownLeases);
+          outcome = await claim(ctx, keys, name, create, leaseId, current, checked, seen, ownLeases, gone);
           break;
         } catch (err) {
           // The lease ran out before the claim reached etcd (this process was paused, or etcd was
@@ -397,8 +443,10 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
       // One made before ids existed gets its id now, so that its copy is checked before the claim too.
       if (current.epoch !== null && current.uid === null) current = { ...current, uid: await ensureUid(ctx, keys) };
     }
+    await ctx.opts.faults?.("open:after-claim", { lease: lease.id });
     lease.start();
-    await lease.handOverNow();
+    if (claimed.handedOver) lease.markHandedOver();
+    else await lease.handOverNow();
   } catch (err) {
     // A lease granted here is left to its TTL, not revoked: the claim that failed may have landed
     // unanswered, and then the owner record attached to the lease names the earlier owners the next

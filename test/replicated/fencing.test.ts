@@ -328,6 +328,78 @@ describe("replicated ownership and local copy", () => {
     }
   });
 
+  it("an owner that dies the moment its claim lands (before it sends anything else) leaves the earlier leases handed over by the claim itself: an opener claiming right then still waits for them", async () => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    try {
+      const a = await long("instant-A").open("instant");
+      await a.commit([ev("i1")]);
+      const keys = keysOf("instant");
+      const ownerA = JSON.parse((await admin.get(keys.liveness).string())!) as { lease: string };
+      let c: Database | null = null;
+      let gone = false;
+      const storageB = createReplicatedStorage({
+        endpoints: dc.cluster.endpoints,
+        dataDir: `${dirs.dir}/instant-B`,
+        faults: async (point, detail) => {
+          if (point !== "open:after-claim") return;
+          // The new owner's lease runs out right after its claim (it froze, or died), its record with
+          // it, and another opener claims before this one sends anything more.
+          assert.deepEqual(await waiting("instant"), [[ownerA.lease, ownerA.lease]], "handed over by the claim's own transaction");
+          await admin.leaseClient.leaseRevoke({ ID: detail!.lease! });
+          assert.equal(await admin.get(keys.liveness).string(), null);
+          c = await machine("instant-C").storage.open("instant");
+          void c.lease!.previousGone().then(() => (gone = true));
+        },
+      });
+      storages.push(storageB);
+      // B was fenced by C meanwhile: its open fails or hands back a fenced database; either way C owns.
+      const b = await storageB.open("instant").catch(() => null);
+      assert.ok(c !== null);
+      assert.equal((c as Database).epoch, 3);
+      await new Promise((r) => setTimeout(r, 1000));
+      assert.equal(gone, false, "the third owner waits while the first owner's lease lives");
+      await a.close();
+      await eventually(() => gone, "the wait ends once the first owner's lease is gone", 30_000);
+      await (c as Database).close();
+      await b?.close().catch(() => undefined);
+    } finally {
+      admin.close();
+    }
+  });
+
+  it("an earlier owner's lease gone between the reading of the record naming it and the claim: etcd refuses the claim, the opener drops that lease and claims again, and waits for the others", async () => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    try {
+      const keys = keysOf("dropgone");
+      const record = async () => JSON.parse((await admin.get(keys.liveness).string())!) as { lease: string; pending: { lease: string }[] };
+      const a = await long("dropgone-A").open("dropgone");
+      await a.commit([ev("g1")]);
+      const ownerA = await record();
+      const b = await long("dropgone-B").open("dropgone");
+      const ownerB = await record();
+      assert.deepEqual(ownerB.pending.map((p) => p.lease), [ownerA.lease]);
+      // The first owner closes (its lease revoked, its entry with it); the second never saw it gone, so
+      // its record still names it.
+      await a.close();
+      assert.deepEqual(await waiting("dropgone"), [], "the first owner's entry went with its lease");
+      assert.deepEqual((await record()).pending.map((p) => p.lease), [ownerA.lease]);
+      const C = machine("dropgone-C");
+      const c = await C.storage.open("dropgone");
+      assert.equal(c.epoch, 3, "one epoch claimed: the refused claim wrote nothing");
+      assert.deepEqual(await waiting("dropgone"), [[ownerB.lease, ownerB.lease]], "the live earlier lease handed over, the gone one not");
+      assert.deepEqual((await record()).pending.map((p) => p.lease), [ownerB.lease], "the new record names the live earlier lease only");
+      let gone = false;
+      void c.lease!.previousGone().then(() => (gone = true));
+      await new Promise((r) => setTimeout(r, 1000));
+      assert.equal(gone, false, "it waits for the second owner, whose lease lives");
+      await b.close();
+      await eventually(() => gone, "the wait ends once the second owner's lease is gone", 30_000);
+      await c.close();
+    } finally {
+      admin.close();
+    }
+  });
+
   it("a clean close with no earlier owner to wait for, or after it saw them gone, deletes its owner record (its lease revoked)", async () => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
     try {
