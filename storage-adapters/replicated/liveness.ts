@@ -2,7 +2,7 @@
  * The owner's etcd lease (issue 14): liveness, never safety. Fencing stays the epoch's job.
  *
  * - Open grants a lease (whole seconds, at least etcd's minimum) and claims the epoch in the same
- *   transaction that writes `<db>/owner` attached to it, reading the previous owner record first.
+ *   transaction that writes `<db>/liveness` attached to it, reading the previous owner record first.
  * - Renewal: a keep-alive every ttl/6 on a member the router picks (one short stream per renewal,
  *   bounded by a short attempt deadline, so a silent member costs one attempt); renewals overlap, so
  *   one stuck on a silent member does not hold up the next. `sentAt` of the last
@@ -23,7 +23,7 @@ import type { Context } from "./context.js";
 import type { Keys } from "./layout.js";
 import { ownerGuard, putWithLease } from "./ops.js";
 
-/** One owner's lease as `<db>/owner` records it. */
+/** One owner's lease as `<db>/liveness` records it. */
 export interface LeaseRef {
   readonly lease: string;
   readonly host: string;

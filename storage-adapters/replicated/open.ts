@@ -7,12 +7,13 @@
 import { randomUUID } from "node:crypto";
 import type { IRequestOp, IResponseOp } from "etcd3";
 import { existsSync, rmSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
 import { CairnError, ConfigError } from "../../src/errors.js";
 import { DatabaseNotFound, StorageUnavailable } from "../../src/storage/errors.js";
 import { forEachBatch, readEpochHead } from "./cluster-log.js";
 import type { Context } from "./context.js";
 import { ReplicatedDatabase } from "./database.js";
-import { GENESIS_HASH, checkDatabaseName, decodeBatch, keysOf, type Keys } from "./layout.js";
+import { GENESIS_HASH, MAX_TXN_OPS, checkDatabaseName, decodeBatch, keysOf, type Keys } from "./layout.js";
 import { LocalCopy, localCopyPath } from "./local-copy.js";
 import { ReplicatedLease, grantLease, handOverOp, leaseGone, leaseNotFound, parseLeaseRef, parseOwner, type LeaseRef, type OwnerRecord } from "./liveness.js";
 import { absent, get, kvsOf, prefixEnd, put, putWithLease, valueIs, valueOf } from "./ops.js";
@@ -30,10 +31,12 @@ function noteEarlier(seen: Map<string, LeaseRef>, record: OwnerRecord | null, wa
   for (const r of refs) if (!seen.has(r.lease)) seen.set(r.lease, r);
 }
 
-/** The current owner record and the `<db>/waitfor/` entries, into `seen` (see noteEarlier). */
-async function peekOwner(ctx: Context, keys: Keys, seen: Map<string, LeaseRef>): Promise<void> {
+/** The current owner record and the `<db>/waitfor/` entries, into `seen` (see noteEarlier); returns the leases those entries name. */
+async function peekOwner(ctx: Context, keys: Keys, seen: Map<string, LeaseRef>): Promise<Set<string>> {
   const res = await ctx.txn([], [get(keys.liveness), waitForRange(keys)]);
-  noteEarlier(seen, parseOwner(valueOf(res.responses, 0)), refsOf(res.responses, 1));
+  const entries = refsOf(res.responses, 1);
+  noteEarlier(seen, parseOwner(valueOf(res.responses, 0)), entries);
+  return new Set(entries.map((r) => r.lease));
 }
 
 /** The `<db>/waitfor/` entries a range read at `responses[i]` returned. */
@@ -48,11 +51,16 @@ function refsOf(responses: readonly IResponseOp[], i: number): LeaseRef[] {
 const MAX_CLAIMS = 20;
 
 /**
- * Earlier leases a claim hands over in its own transaction (6 operations of its own; etcd takes 128 by
- * default). More than this, only after a pile-up of owners none of which saw the others gone: the
- * rest are handed over right after the claim (liveness.ts handOverNow).
+ * Earlier leases a claim hands over in its own transaction (6 operations of its own; etcd takes
+ * MAX_TXN_OPS). More than this, only after a pile-up of over a hundred live owners none of which saw the
+ * others gone: the rest are handed over right after the claim (liveness.ts handOverNow).
  */
-const MAX_HANDED_IN_CLAIM = 32;
+const MAX_HANDED_IN_CLAIM = MAX_TXN_OPS - 8;
+
+/** Claims refused because a lease they named had run out, before an open gives up (each drops one, or waits a moment). */
+const MAX_REFUSALS = 16;
+/** The pause before claiming again when etcd refused a lease that no member reports gone yet. */
+const REFUSAL_PAUSE_MS = 100;
 
 /** A voting member and its zone. */
 export interface MemberInfo {
@@ -106,14 +114,21 @@ interface Claimed {
 type EpochHead = Awaited<ReturnType<typeof readEpochHead>>;
 
 /**
- * Claims the next epoch of `name` (creating the database unless `create` is false), and in the same
- * transaction records this owner's lease in `<db>/owner`, reading the record it replaces.
+ * Claims the next epoch of `name` (creating the database when absent, if `create`), and in the same
+ * transaction records this owner's lease in `<db>/liveness`, reading the record it replaces, and hands
+ * each earlier owner's lease over (see below).
  *
  * `checked` is the id the local copy was checked against (null: not checked yet, the database was
  * absent). The claim compares it in its transaction, so a database deleted and created again since
  * that check (a new id, perhaps at the same epoch) is never claimed with a copy stamped for the old
  * one; nor is one created by another opener since this open found none. Either way nothing is
  * claimed, and the caller checks the copy again against `restart` (the database as it is now).
+ *
+ * The hand-over: each earlier lease not already named by a `<db>/waitfor/` entry is put as one,
+ * attached to that very lease (liveness.ts handOver), in the claim's transaction, so that no moment
+ * exists when this owner holds the epoch and only its own record (which dies with its lease) names
+ * them. etcd refuses the whole transaction when any lease it names is gone: the claim then asks which
+ * (dropGone), drops an earlier owner's and claims again; its own is the caller's to grant anew.
  */
 async function claim(
   ctx: Context,
@@ -132,19 +147,18 @@ async function claim(
   // unanswered read a record this open never saw, and its lease may have run out with it since),
   // never one this open granted nor one seen gone. Waiting for a lease that is already gone costs one poll.
   const earlier = (): LeaseRef[] => [...seen.values()].filter((r) => !own.has(r.lease) && !gone.has(r.lease));
+  let refusals = 0;
   for (let attempt = 0; attempt < MAX_CLAIMS; attempt++) {
     const current = attempt === 0 ? first : await readEpochHead(ctx, keys);
     // An id without an epoch key (left by a partial deletion) is no database's: it is overwritten below.
     if ((current.epoch === null ? null : current.uid) !== checked) return { restart: current };
-    if (current.epoch !== null) {
-      // The previous record is read before it is replaced (to hand its leases over in the claim),
-      // and again in the same transaction.
-      await peekOwner(ctx, keys, seen);
-    }
-    // The claim hands each earlier lease over itself (liveness.ts handOver): `<db>/waitfor/<lease>`
-    // attached to that lease, in the claim's transaction, so that no moment exists when this owner
-    // holds the epoch and only its own record (which dies with its lease) names them.
-    const handed = earlier().slice(0, MAX_HANDED_IN_CLAIM);
+    if (current.epoch === null && !create) throw new DatabaseNotFound(name);
+    // The previous record and the hand-over entries, read before they are replaced (the record is read
+    // again in the same transaction). An entry lasts exactly as long as its lease: not put again.
+    const entries = current.epoch === null ? new Set<string>() : await peekOwner(ctx, keys, seen);
+    const handed = earlier()
+      .filter((r) => !entries.has(r.lease))
+      .slice(0, MAX_HANDED_IN_CLAIM);
     const next = current.epoch === null ? 1 : current.epoch + 1;
     const record = putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, earlier()), lease);
     const uid = current.epoch === null ? randomUUID() : null;
@@ -158,9 +172,19 @@ async function claim(
               [put(keys.epoch, String(next)), get(keys.head), get(keys.liveness), record, get(keys.uid), waitForRange(keys), ...handed.map((r) => handOverOp(keys, r))],
             );
     } catch (err) {
-      // etcd refuses the whole transaction when any lease it names is gone: an earlier owner's that ran
-      // out since it was read (dropped, and the claim again), or this open's own (the caller grants anew).
-      if (!leaseNotFound(err) || !(await dropGone(ctx, handed, gone))) throw err;
+      if (!leaseNotFound(err) || handed.length === 0) throw err;
+      const which = await dropGone(ctx, lease, handed, gone);
+      if (which === "own") throw err;
+      // An earlier owner's lease ran out since it was read (dropped), or none is reported gone yet (the
+      // member that answers lags the one that refused): the claim again, not counted as a lost round.
+      if (++refusals > MAX_REFUSALS) {
+        throw new StorageUnavailable(
+          `cannot open database "${name}": etcd refused its claim ${refusals} times because a lease it names had run out (earlier owners' leases are ending while it claims); nothing was claimed. Retry.`,
+          { cause: err },
+        );
+      }
+      if (which === "none") await sleep(REFUSAL_PAUSE_MS);
+      attempt--;
       continue;
     }
     if (!res.succeeded) continue;
@@ -172,8 +196,8 @@ async function claim(
     }
     const present = refsOf(res.responses, 5);
     noteEarlier(seen, parseOwner(valueOf(res.responses, 2)), present);
-    // Those the transaction read as handed over already are attached to their leases too.
-    const done = new Set([...handed, ...present].map((r) => r.lease));
+    // Handed over: by this transaction, or by entries it (or the peek just before it) read.
+    const done = new Set([...handed.map((r) => r.lease), ...entries, ...present.map((r) => r.lease)]);
     const waitFor = earlier();
     return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 4), waitFor, handedOver: waitFor.every((r) => done.has(r.lease)) };
   }
@@ -181,19 +205,22 @@ async function claim(
 }
 
 /**
- * Of the leases `refs`, adds those etcd reports gone (LeaseTimeToLive) to `gone`; true when it added
- * any. A cluster that does not answer throws, as the claim would have.
+ * Which lease made etcd refuse a claim as not found: this open's own (`own`: the caller grants a new
+ * one), earlier owners' (`earlier`: added to `gone`), or none reported gone yet (`none`). Asked all at
+ * once (LeaseTimeToLive); a cluster that does not answer throws, as the claim would have.
  */
-async function dropGone(ctx: Context, refs: readonly LeaseRef[], gone: Set<string>): Promise<boolean> {
-  let any = false;
-  for (const r of refs) {
-    const res = await ctx.call((client) => client.leaseClient.leaseTimeToLive({ ID: r.lease, keys: false }), false);
-    if (leaseGone(Number(res.TTL))) {
+export async function dropGone(ctx: Context, lease: string, refs: readonly LeaseRef[], gone: Set<string>): Promise<"own" | "earlier" | "none"> {
+  const ttl = (id: string) => ctx.call((client) => client.leaseClient.leaseTimeToLive({ ID: id, keys: false }), false).then((res) => Number(res.TTL));
+  const [mine, ...theirs] = await Promise.all([ttl(lease), ...refs.map((r) => ttl(r.lease))]);
+  if (leaseGone(mine!)) return "own";
+  let which: "earlier" | "none" = "none";
+  refs.forEach((r, i) => {
+    if (leaseGone(theirs[i]!)) {
       gone.add(r.lease);
-      any = true;
+      which = "earlier";
     }
-  }
-  return any;
+  });
+  return which;
 }
 
 /**
@@ -418,7 +445,7 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
         } catch (err) {
           // The lease ran out before the claim reached etcd (this process was paused, or etcd was
           // slow to answer): etcd refused the whole transaction, so nothing was claimed or written.
-          // A new lease, and the claim again.
+          // A new lease, and the claim again. (An earlier owner's lease run out is claim's own to drop.)
           if (!leaseNotFound(err)) throw err;
           if (grants >= MAX_GRANTS) {
             throw new StorageUnavailable(

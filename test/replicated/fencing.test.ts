@@ -262,8 +262,12 @@ describe("replicated ownership and local copy", () => {
       const b = await long("handover-B").open("handover");
       const ownerB = await record();
       // The third owner opens and closes at once, never having seen either lease gone.
+      const entryA = async () => (await admin.get(keys.waitFor(ownerA.lease)).exec()).kvs[0]?.mod_revision;
+      const handedByB = await entryA();
+      assert.notEqual(handedByB, undefined, "the second owner's claim handed the first lease over");
       const c = await machine("handover-C").storage.open("handover");
       assert.equal(c.epoch, 3);
+      assert.equal(await entryA(), handedByB, "an entry already there (it lasts as long as its lease) is not put again");
       const ownerC = await record();
       assert.deepEqual(
         ownerC.pending.map((p) => p.lease).sort(),

@@ -7,7 +7,7 @@ import { describe, it } from "node:test";
 import { EtcdAuthenticationFailedError, EtcdLeaseInvalidError, EtcdPermissionDeniedError, GRPCDeadlineExceededError, GRPCUnavailableError } from "etcd3";
 import type { Context } from "../../storage-adapters/replicated/context.js";
 import { classifyEtcdError, mapEtcdError } from "../../storage-adapters/replicated/etcd-errors.js";
-import { checkMembers } from "../../storage-adapters/replicated/open.js";
+import { checkMembers, dropGone } from "../../storage-adapters/replicated/open.js";
 import { resolveOptions } from "../../storage-adapters/replicated/options.js";
 import { orphanSegments } from "../../storage-adapters/replicated/snapshots.js";
 import { fencedBy, fencedByEvent, fencer } from "../../storage-adapters/replicated/ops.js";
@@ -224,6 +224,30 @@ describe("the owner's wait for earlier leases", () => {
     await lease.release();
     assert.equal(asked.puts.length, putsBefore, "no hand-over");
     assert.deepEqual(asked.revokes, ["7587"]);
+  });
+});
+
+describe("a claim refused because a lease it names is gone", () => {
+  const ttlContext = (ttls: Record<string, string>): Context =>
+    ({ call: (op: (client: unknown) => Promise<unknown>) => op({ leaseClient: { leaseTimeToLive: async ({ ID }: { ID: string }) => ({ TTL: ttls[ID] ?? "-1" }) } }) }) as unknown as Context;
+  const ref = (lease: string) => ({ lease, host: "h", pid: 1 });
+
+  it("names its own lease when that is gone (the caller grants a new one), and drops nothing", async () => {
+    const gone = new Set<string>();
+    assert.equal(await dropGone(ttlContext({ "7": "-1", "41": "-1" }), "7", [ref("41")], gone), "own");
+    assert.deepEqual([...gone], []);
+  });
+
+  it("drops each earlier lease etcd reports gone (TTL -1), keeps those with time left (TTL 0 included)", async () => {
+    const gone = new Set<string>();
+    assert.equal(await dropGone(ttlContext({ "7": "3", "41": "-1", "42": "0", "43": "12" }), "7", [ref("41"), ref("42"), ref("43")], gone), "earlier");
+    assert.deepEqual([...gone], ["41"]);
+  });
+
+  it("says none when no lease is reported gone yet (the member asked lags the one that refused)", async () => {
+    const gone = new Set<string>();
+    assert.equal(await dropGone(ttlContext({ "7": "3", "41": "2" }), "7", [ref("41")], gone), "none");
+    assert.deepEqual([...gone], []);
   });
 });
 
