@@ -95,15 +95,22 @@ export class LocalCopy {
   constructor(readonly path: string) {
     mkdirSync(join(path, ".."), { recursive: true });
     this.db = new Database(path);
-    this.db.pragma("journal_mode = WAL");
-    this.db.pragma("synchronous = NORMAL");
-    this.db.pragma("busy_timeout = 5000");
-    this.db.exec(`
-      CREATE TABLE IF NOT EXISTS batches (first INTEGER PRIMARY KEY, last INTEGER NOT NULL, epoch INTEGER NOT NULL, token TEXT NOT NULL, hash TEXT NOT NULL);
-      CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, identity TEXT NOT NULL UNIQUE, json TEXT NOT NULL);
-      CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-      CREATE TABLE IF NOT EXISTS idarch (key TEXT PRIMARY KEY, gz BLOB NOT NULL);
-    `);
+    try {
+      // First: the pragmas and the schema below take locks, which another process may hold a moment.
+      this.db.pragma("busy_timeout = 5000");
+      this.db.pragma("journal_mode = WAL");
+      this.db.pragma("synchronous = NORMAL");
+      this.db.exec(`
+        CREATE TABLE IF NOT EXISTS batches (first INTEGER PRIMARY KEY, last INTEGER NOT NULL, epoch INTEGER NOT NULL, token TEXT NOT NULL, hash TEXT NOT NULL);
+        CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, identity TEXT NOT NULL UNIQUE, json TEXT NOT NULL);
+        CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE IF NOT EXISTS idarch (key TEXT PRIMARY KEY, gz BLOB NOT NULL);
+      `);
+    } catch (err) {
+      // Not left open: the caller may remove the file (a damaged one) or give up.
+      this.db.close();
+      throw err;
+    }
     this.stmt = {
       head: this.db.prepare("SELECT MAX(seq) AS h FROM events"),
       hasIdentity: this.db.prepare("SELECT 1 FROM events WHERE identity = ?"),

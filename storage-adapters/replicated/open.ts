@@ -280,18 +280,27 @@ async function syncCopy(ctx: Context, keys: Keys, name: string, copy: LocalCopy,
 
 /**
  * Opens the local copy; a file SQLite cannot read (torn by a crash: it is written with
- * synchronous=NORMAL) is removed and started afresh, to be rebuilt from the cluster.
+ * synchronous=NORMAL) is removed and started afresh, to be rebuilt from the cluster. Only that: a copy
+ * that cannot be opened for another reason (locked by another process, a full disk, no permission) is
+ * left as it is and the open fails (copyError says so), since removing it would cut another process's
+ * file from under it and lose the history before the cluster's compaction cut that only the copy keeps.
  */
 function openCopy(ctx: Context, name: string): LocalCopy {
   const path = localCopyPath(ctx.opts.dataDir, name);
   try {
     return new LocalCopy(path);
   } catch (err) {
-    if (!existsSync(path)) throw err;
+    if (!existsSync(path) || !unreadableFile(err)) throw err;
     ctx.log.warn({ db: name, path, err: (err as Error).message }, "local copy unreadable: removing it and rebuilding from the cluster");
     removeCopyFiles(path);
     return new LocalCopy(path);
   }
+}
+
+/** SQLite's word for a file that is not a database, or a damaged one (SQLITE_NOTADB, SQLITE_CORRUPT and its extended codes). */
+function unreadableFile(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^SQLITE_(NOTADB|CORRUPT)/.test(code);
 }
 
 /** Removes a copy's SQLite files (not its in-use file: other processes may hold it). */
@@ -377,8 +386,12 @@ function isSqliteError(err: unknown): boolean {
  */
 function copyError(ctx: Context, name: string, err: unknown): unknown {
   if (err instanceof CairnError || typeof (err as { code?: unknown } | null)?.code !== "string") return err;
+  const locked = /^SQLITE_(BUSY|LOCKED)/.test((err as { code: string }).code);
   return new StorageUnavailable(
-    `cannot open database "${name}": its local copy ${localCopyPath(ctx.opts.dataDir, name)} could not be opened or written (${(err as Error).message}). Check that the data directory exists, is writable and is on a local disk.`,
+    `cannot open database "${name}": its local copy ${localCopyPath(ctx.opts.dataDir, name)} could not be opened or written (${(err as Error).message}). ` +
+      (locked
+        ? "Another process holds it locked (a Cairn process on this machine using the same data directory, or a tool reading the file): let it finish or stop it, then retry."
+        : "Check that the data directory exists, is writable and is on a local disk."),
     { cause: err },
   );
 }

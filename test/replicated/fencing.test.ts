@@ -6,7 +6,7 @@
  * catches up.
  */
 import assert from "node:assert/strict";
-import { existsSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { after, before, describe, it } from "node:test";
 import Sqlite from "better-sqlite3";
 import type { Database, DatabaseSignal, Storage } from "../../src/storage/contract.js";
@@ -524,6 +524,42 @@ describe("replicated ownership and local copy", () => {
       await eventually(() => gone, "the wait ends once the first owner's lease is gone", 30_000);
       await b.close();
       await (x as Database | null)?.close();
+    } finally {
+      admin.close();
+    }
+  });
+
+  it("a local copy that cannot be opened for a reason other than damage (another process holds it locked) is left in place: the open fails saying so and claims nothing", async () => {
+    const admin = new Etcd3({ hosts: dc.cluster.endpoints });
+    try {
+      const A = machine("locked-A");
+      const a = await A.storage.open("locked");
+      await a.commit([ev("k1")]);
+      await a.close();
+      const path = localCopyPath(A.dataDir, "locked");
+      const inode = statSync(path).ino;
+      // Another process's connection holding the file in exclusive locking mode: every other
+      // connection gets SQLITE_BUSY (after the copy's busy timeout).
+      const holder = new Sqlite(path);
+      try {
+        holder.pragma("locking_mode = EXCLUSIVE");
+        holder.exec("BEGIN EXCLUSIVE; INSERT OR REPLACE INTO meta (key, value) VALUES ('held', '1'); COMMIT");
+        const B = machine("locked-A");
+        await assert.rejects(B.storage.open("locked"), (err: unknown) => {
+          assert.equal((err as { code?: string }).code, "unavailable", String(err));
+          assert.match(String(err), /its local copy .*locked\.replica\.sqlite could not be opened or written \(database is locked\)\. Another process holds it locked/);
+          return true;
+        });
+        assert.equal(statSync(path).ino, inode, "the copy is the same file: not removed");
+        assert.ok(!B.logger.lines.some((l) => l.includes("unreadable")), B.logger.lines.join("\n"));
+        assert.equal(await admin.get(keysOf("locked").epoch).string(), "1", "nothing claimed: the copy is checked before the claim");
+      } finally {
+        holder.close();
+      }
+      const C = machine("locked-A");
+      const c = await C.storage.open("locked");
+      assert.deepEqual((await c.read()).map((e) => e.identity), [ev("k1").identity]);
+      await c.close();
     } finally {
       admin.close();
     }
