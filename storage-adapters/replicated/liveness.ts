@@ -96,7 +96,7 @@ export class ReplicatedLease implements OwnershipLease {
     private readonly claimRevision: string,
     readonly id: string,
     readonly ttlMs: number,
-    /** Leases of earlier owners to wait for (from the record the claim replaced). */
+    /** Leases of earlier owners to wait for (every one the open's reads saw named and not gone: open.ts `claim`). */
     private readonly waitFor: readonly LeaseRef[],
     grantedAt: number,
   ) {
@@ -131,12 +131,7 @@ export class ReplicatedLease implements OwnershipLease {
   private renewOnce(): void {
     if (this.stopped || this.inflight.size >= MAX_INFLIGHT) return;
     const sentAt = performance.now();
-    const p = this.ctx.router
-      .call((client, member) => {
-        if (member.wire === null) return keepAliveOnce(client, this.id, this.ctx.router.keepAliveAttemptMs);
-        this.ctx.counters.leaseRenewalsHttp2++;
-        return member.wire.keepAlive(this.id, this.ctx.router.keepAliveAttemptMs);
-      }, Math.max(250, this.ttlMs - marginMs(this.ttlMs)))
+    const p = this.keepAlive()
       .then((ttl) => {
         if (this.stopped || this.lost !== null) return;
         if (ttl <= 0) {
@@ -153,6 +148,30 @@ export class ReplicatedLease implements OwnershipLease {
       })
       .finally(() => this.inflight.delete(p));
     this.inflight.add(p);
+  }
+
+  /** One keep-alive on the member the router picks (another after a failed attempt): the TTL etcd reports (<= 0: gone). */
+  private keepAlive(): Promise<number> {
+    return this.ctx.router.call((client, member) => {
+      if (member.wire === null) return keepAliveOnce(client, this.id, this.ctx.router.keepAliveAttemptMs);
+      this.ctx.counters.leaseRenewalsHttp2++;
+      return member.wire.keepAlive(this.id, this.ctx.router.keepAliveAttemptMs);
+    }, Math.max(250, this.ttlMs - marginMs(this.ttlMs)));
+  }
+
+  /**
+   * Before `start()`: a lease granted more than half its TTL ago (a slow cluster, a claim sent again
+   * after refusals) is renewed once first, so that `start()` does not count it lost at once from its
+   * grant time. Unanswered or gone: left to `start()` to judge from the grant time, as before.
+   */
+  async renewIfOld(): Promise<void> {
+    if (performance.now() - this.lastSentOk < this.ttlMs / 2) return;
+    const sentAt = performance.now();
+    try {
+      if ((await this.keepAlive()) > 0) this.lastSentOk = sentAt;
+    } catch {
+      // start() judges from the grant time
+    }
   }
 
   private markLost(reason: string): void {

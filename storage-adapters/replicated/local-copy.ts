@@ -96,10 +96,9 @@ export class LocalCopy {
     mkdirSync(join(path, ".."), { recursive: true });
     this.db = new Database(path);
     try {
-      // First: the pragmas and the schema below take locks, which another process may hold a moment.
-      this.db.pragma("busy_timeout = 5000");
       this.db.pragma("journal_mode = WAL");
       this.db.pragma("synchronous = NORMAL");
+      this.db.pragma("busy_timeout = 5000");
       this.db.exec(`
         CREATE TABLE IF NOT EXISTS batches (first INTEGER PRIMARY KEY, last INTEGER NOT NULL, epoch INTEGER NOT NULL, token TEXT NOT NULL, hash TEXT NOT NULL);
         CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, identity TEXT NOT NULL UNIQUE, json TEXT NOT NULL);

@@ -47,7 +47,7 @@ function refsOf(responses: readonly IResponseOp[], i: number): LeaseRef[] {
   });
 }
 
-/** Claim attempts before giving up (each failed attempt means another opener won that round, or an earlier owner's lease ran out). */
+/** Claim attempts before giving up (each failed attempt means another opener won that round; refusals for a lease run out count apart, MAX_REFUSALS). */
 const MAX_CLAIMS = 20;
 
 /**
@@ -57,7 +57,7 @@ const MAX_CLAIMS = 20;
  */
 const MAX_HANDED_IN_CLAIM = MAX_TXN_OPS - 8;
 
-/** Claims refused because a lease they named had run out, before an open gives up (each drops one, or waits a moment). */
+/** Claims refused because a lease they named had run out, before an open gives up (each drops every earlier lease then reported gone, or waits a moment). */
 const MAX_REFUSALS = 16;
 /** The pause before claiming again when etcd refused a lease that no member reports gone yet. */
 const REFUSAL_PAUSE_MS = 100;
@@ -106,7 +106,7 @@ interface Claimed {
   uid: string | null;
   /** Earlier owners' leases not known to be gone (the previous owner's, and those it was waiting for). */
   waitFor: LeaseRef[];
-  /** Each of them is handed over (a `<db>/waitfor/` entry attached to it) by the claim's transaction. */
+  /** Each of them has a `<db>/waitfor/` entry attached to it: put by the claim's transaction, or already there (read by it or by the peek just before). */
   handedOver: boolean;
 }
 
@@ -279,8 +279,9 @@ async function syncCopy(ctx: Context, keys: Keys, name: string, copy: LocalCopy,
 }
 
 /**
- * Opens the local copy; a file SQLite cannot read (torn by a crash: it is written with
- * synchronous=NORMAL) is removed and started afresh, to be rebuilt from the cluster. Only that: a copy
+ * Opens the local copy; a file SQLite says is not a database or is damaged (a power loss on a disk
+ * that reorders writes, a bad sector, a stray write: a process crash cannot tear a WAL database) is
+ * removed and started afresh, to be rebuilt from the cluster. Only that: a copy
  * that cannot be opened for another reason (locked by another process, a full disk, no permission) is
  * left as it is and the open fails (copyError says so), since removing it would cut another process's
  * file from under it and lose the history before the cluster's compaction cut that only the copy keeps.
@@ -386,14 +387,14 @@ function isSqliteError(err: unknown): boolean {
  */
 function copyError(ctx: Context, name: string, err: unknown): unknown {
   if (err instanceof CairnError || typeof (err as { code?: unknown } | null)?.code !== "string") return err;
-  const locked = /^SQLITE_(BUSY|LOCKED)/.test((err as { code: string }).code);
-  return new StorageUnavailable(
-    `cannot open database "${name}": its local copy ${localCopyPath(ctx.opts.dataDir, name)} could not be opened or written (${(err as Error).message}). ` +
-      (locked
-        ? "Another process holds it locked (a Cairn process on this machine using the same data directory, or a tool reading the file): let it finish or stop it, then retry."
-        : "Check that the data directory exists, is writable and is on a local disk."),
-    { cause: err },
-  );
+  const code = (err as { code: string }).code;
+  const path = localCopyPath(ctx.opts.dataDir, name);
+  const what = /^SQLITE_(BUSY|LOCKED)/.test(code)
+    ? "Another process holds it locked (a tool that opened the file, or a process stopped while it recovered the file): let it finish or stop it, then retry."
+    : unreadableFile(err)
+      ? `The file is damaged: remove it (with its -wal and -shm files) and open again; it is rebuilt from the cluster (history before the cluster's last compaction cut is then only in archives).`
+      : `Check that the data directory exists, is writable and is on a local disk, and that the copy's files (${path} and its -wal and -shm files) belong to the user running Cairn.`;
+  return new StorageUnavailable(`cannot open database "${name}": its local copy ${path} could not be opened or written (${(err as Error).message}). ${what}`, { cause: err });
 }
 
 /** Revokes a lease this open will not use (its keys, if any, go with it); a failure leaves it to its TTL. */
@@ -484,6 +485,7 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
       if (current.epoch !== null && current.uid === null) current = { ...current, uid: await ensureUid(ctx, keys) };
     }
     await ctx.opts.faults?.("open:after-claim", { lease: lease.id });
+    await lease.renewIfOld();
     lease.start();
     if (claimed.handedOver) lease.markHandedOver();
     else await lease.handOverNow();

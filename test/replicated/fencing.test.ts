@@ -371,6 +371,26 @@ describe("replicated ownership and local copy", () => {
     }
   });
 
+  it("a claim that lands late in its lease's life (past the safety margin, before etcd's expiry) renews the lease before counting it: the owner starts held, not lost", async () => {
+    const logger = captureLogger();
+    const s = createReplicatedStorage({
+      endpoints: dc.cluster.endpoints,
+      dataDir: `${dirs.dir}/late-claim`,
+      livenessMs: 4000,
+      logger,
+      faults: async (point) => {
+        // 4 s lease, margin 1 s: counted lost from 3 s after the grant unless renewed.
+        if (point === "open:after-claim") await new Promise((r) => setTimeout(r, 3300));
+      },
+    });
+    storages.push(s);
+    const db = await s.open("late-claim");
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(db.lease!.held(), true, logger.lines.join("\n"));
+    assert.deepEqual(await db.commit([ev("late1")]), { firstSeq: 1, lastSeq: 1 });
+    await db.close();
+  });
+
   it("an earlier owner's lease gone between the reading of the record naming it and the claim: etcd refuses the claim, the opener drops that lease and claims again, and waits for the others", async () => {
     const admin = new Etcd3({ hosts: dc.cluster.endpoints });
     try {
