@@ -497,13 +497,29 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
     throw local ? copyError(ctx, name, err) : ctx.fail(err, "open", name);
   }
   try {
+    const uid = copy === null ? (claimed.uid ?? (await ensureUid(ctx, keys))) : null;
     if (copy === null) {
-      const uid = claimed.uid ?? (await ensureUid(ctx, keys));
       local = true;
-      copy = ownCopy(ctx, name, uid);
+      copy = ownCopy(ctx, name, uid!);
       local = false;
     }
-    const lastHash = await syncCopy(ctx, keys, name, copy, claimed.head);
+    let lastHash: string;
+    try {
+      lastHash = await syncCopy(ctx, keys, name, copy, claimed.head);
+    } catch (err) {
+      // A copy damaged past its first pages (opening and stamping it read only those): SQLite refuses
+      // its tables while it is checked or caught up. Removed and rebuilt from the cluster, once, here:
+      // failing would leave every later open to claim, fence the owner and fail the same way.
+      if (!unreadableFile(err)) throw err;
+      ctx.log.warn({ db: name, path: copy.path, err: (err as Error).message }, "local copy damaged: removing it and rebuilding from the cluster");
+      copy.close();
+      removeCopyFiles(copy.path);
+      copy = null;
+      local = true;
+      copy = ownCopy(ctx, name, uid ?? claimed.uid ?? (await ensureUid(ctx, keys)));
+      local = false;
+      lastHash = await syncCopy(ctx, keys, name, copy, claimed.head);
+    }
     const db: ReplicatedDatabase = new ReplicatedDatabase(ctx, {
       name,
       epoch: claimed.epoch,

@@ -6,7 +6,7 @@
  * catches up.
  */
 import assert from "node:assert/strict";
-import { existsSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, openSync, rmSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { after, before, describe, it } from "node:test";
 import Sqlite from "better-sqlite3";
 import type { Database, DatabaseSignal, Storage } from "../../src/storage/contract.js";
@@ -547,6 +547,31 @@ describe("replicated ownership and local copy", () => {
     } finally {
       admin.close();
     }
+  });
+
+  it("a local copy damaged past the pages its opening reads (its events table) is removed and rebuilt during the open, which succeeds", async () => {
+    const A = machine("damaged-A");
+    const a = await A.storage.open("damaged");
+    for (let i = 0; i < 5; i++) await a.commit([ev(`m${i}`)]);
+    await a.close();
+    await A.storage.close();
+    const path = localCopyPath(A.dataDir, "damaged");
+    // Closed by its last connection: the WAL is checkpointed into the file. The events table's root
+    // page overwritten: the header, the schema and the stamp still read.
+    const probe = new Sqlite(path);
+    const root = (probe.prepare("SELECT rootpage FROM sqlite_master WHERE name = 'events'").get() as { rootpage: number }).rootpage;
+    const pageSize = probe.pragma("page_size", { simple: true }) as number;
+    probe.close();
+    assert.equal(existsSync(`${path}-wal`), false);
+    const fd = openSync(path, "r+");
+    writeSync(fd, Buffer.alloc(pageSize, 0xa5), 0, pageSize, (root - 1) * pageSize);
+    closeSync(fd);
+    const B = machine("damaged-A");
+    const b = await B.storage.open("damaged");
+    assert.ok(B.logger.lines.some((l) => l.includes("local copy damaged")), B.logger.lines.join("\n"));
+    assert.deepEqual((await b.read()).map((e) => e.identity), [0, 1, 2, 3, 4].map((i) => ev(`m${i}`).identity));
+    assert.deepEqual(await b.commit([ev("m5")]), { firstSeq: 6, lastSeq: 6 });
+    await b.close();
   });
 
   it("a local copy that cannot be opened for a reason other than damage (another process holds it locked) is left in place: the open fails saying so and claims nothing", async () => {
