@@ -1,8 +1,8 @@
 /**
  * Opening a replicated database: check the cluster's members, check that the local copy file is
  * this database's (its id and name stamp), claim the next epoch in one transaction, then bring
- * the local copy in line with the cluster (verify, discard when diverged, catch up), and start
- * watching.
+ * the local copy in line with the cluster (verify, discard when diverged, catch up; a file SQLite
+ * finds damaged is removed and rebuilt), and start watching.
  */
 import { randomUUID } from "node:crypto";
 import type { IRequestOp, IResponseOp } from "etcd3";
@@ -512,13 +512,24 @@ export async function openReplicatedDatabase(ctx: Context, name: string, create:
       // failing would leave every later open to claim, fence the owner and fail the same way.
       if (!unreadableFile(err)) throw err;
       ctx.log.warn({ db: name, path: copy.path, err: (err as Error).message }, "local copy damaged: removing it and rebuilding from the cluster");
+      // The copy checked before the claim was checked against the id the claim compared (claimed.uid).
+      const copyUid = uid ?? claimed.uid ?? (await ensureUid(ctx, keys));
+      local = true;
       copy.close();
       removeCopyFiles(copy.path);
       copy = null;
-      local = true;
-      copy = ownCopy(ctx, name, uid ?? claimed.uid ?? (await ensureUid(ctx, keys)));
+      copy = ownCopy(ctx, name, copyUid);
       local = false;
-      lastHash = await syncCopy(ctx, keys, name, copy, claimed.head);
+      try {
+        lastHash = await syncCopy(ctx, keys, name, copy, claimed.head);
+      } catch (again) {
+        if (!unreadableFile(again)) throw again;
+        local = true;
+        throw new StorageUnavailable(
+          `cannot open database "${name}": its local copy ${copy.path} was damaged, and the copy rebuilt from the cluster in its place reads as damaged too (${(again as Error).message}): the disk or the file system under ${ctx.opts.dataDir} is failing. Check them (or move dataDir to another disk), then open again.`,
+          { cause: again },
+        );
+      }
     }
     const db: ReplicatedDatabase = new ReplicatedDatabase(ctx, {
       name,

@@ -9,7 +9,9 @@ import { after, before, test, type TestContext } from "node:test";
 import { Etcd3 } from "etcd3";
 import type { NewEvent } from "../../src/state/events.js";
 import type { Storage } from "../../src/storage/contract.js";
-import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
+import { closeSync, openSync, writeSync } from "node:fs";
+import Sqlite from "better-sqlite3";
+import { createReplicatedStorage, localCopyPath } from "../../storage-adapters/replicated/index.js";
 import { keysOf } from "../../storage-adapters/replicated/layout.js";
 import { hasError } from "../../src/storage/conformance/fixtures.js";
 import { devCluster, ev, tempDir } from "./helpers.js";
@@ -81,6 +83,43 @@ test("after a snapshot etcd keeps the tail only, and the key count stays bounded
   assert.equal(await keys(k.logPrefix), 3, "the tail's batches are in etcd");
   assert.equal(await keys(k.identPrefix), 0, "the tail's identities have no keys either");
   await db.close();
+});
+
+test("a local copy found damaged while the open catches it up, after compaction: rebuilt from the snapshot, duplicate refusal still exact", async (t) => {
+  const { dir, remove } = tempDir("compaction-damaged");
+  const storages: Storage[] = [];
+  t.after(async () => {
+    for (const s of storages) await s.close().catch(() => undefined);
+    remove();
+  });
+  const machine = (): Storage => {
+    const s = createReplicatedStorage({ endpoints: dc!.cluster.endpoints, dataDir: `${dir}/a`, commitTimeoutMs: 5000 });
+    storages.push(s);
+    return s;
+  };
+  const a = machine();
+  const db = await a.open("damaged");
+  for (let b = 0; b < 10; b++) await db.commit(batch(`old-${b}`, 10));
+  await db.writeSnapshot(100, "projection at 100");
+  await db.commit(batch("tail", 3));
+  await db.close();
+  await a.close();
+  // The events table's root page overwritten (the WAL was checkpointed into the file by the last close).
+  const path = localCopyPath(`${dir}/a`, "damaged");
+  const probe = new Sqlite(path);
+  const root = (probe.prepare("SELECT rootpage FROM sqlite_master WHERE name = 'events'").get() as { rootpage: number }).rootpage;
+  const pageSize = probe.pragma("page_size", { simple: true }) as number;
+  probe.close();
+  const fd = openSync(path, "r+");
+  writeSync(fd, Buffer.alloc(pageSize, 0xa5), 0, pageSize, (root - 1) * pageSize);
+  closeSync(fd);
+  const again = await machine().open("damaged");
+  assert.equal(await again.head(), 103);
+  await assert.rejects(again.commit([ev("old-3-7")]), hasError("rejected", "duplicate_identity"), "a compacted identity is refused by the rebuilt copy");
+  await assert.rejects(again.commit([ev("tail-2")]), hasError("rejected", "duplicate_identity"));
+  assert.deepEqual(await again.commit([ev("brand-new")]), { firstSeq: 104, lastSeq: 104 });
+  assert.deepEqual((await again.read(100)).map((e) => e.identity), ["tail-0", "tail-1", "tail-2", "brand-new"]);
+  await again.close();
 });
 
 test("duplicate refusal stays exact after compaction: on the machine that kept up and on an empty data dir", async (t) => {
