@@ -42,7 +42,9 @@ export function parseOwner(value: string | null): OwnerRecord | null {
   if (value === null) return null;
   try {
     const o = JSON.parse(value) as OwnerRecord;
-    return typeof o.lease === "string" && typeof o.pid === "number" ? { ...o, pending: Array.isArray(o.pending) ? o.pending : [] } : null;
+    // The pending leases are waited for and handed over by lease id: an item without one is dropped.
+    const pending = Array.isArray(o.pending) ? o.pending.flatMap((r: unknown) => refOf(r)) : [];
+    return typeof o.lease === "string" && typeof o.pid === "number" ? { ...o, pending } : null;
   } catch {
     return null;
   }
@@ -370,11 +372,16 @@ export function leaseNotFound(err: unknown): boolean {
 export function parseLeaseRef(value: string | null): LeaseRef | null {
   if (value === null) return null;
   try {
-    const o = JSON.parse(value) as LeaseRef;
-    return typeof o.lease === "string" && typeof o.host === "string" && typeof o.pid === "number" ? { lease: o.lease, host: o.host, pid: o.pid } : null;
+    return refOf(JSON.parse(value))[0] ?? null;
   } catch {
     return null;
   }
+}
+
+/** `o` as a lease reference (a decimal lease id, a host and a pid), in a list of one; empty for anything else. */
+function refOf(o: unknown): LeaseRef[] {
+  const r = o as Partial<LeaseRef> | null;
+  return typeof r?.lease === "string" && /^\d+$/.test(r.lease) && typeof r.host === "string" && typeof r.pid === "number" ? [{ lease: r.lease, host: r.host, pid: r.pid }] : [];
 }
 
 /**

@@ -156,9 +156,7 @@ async function claim(
     // The previous record and the hand-over entries, read before they are replaced (the record is read
     // again in the same transaction). An entry lasts exactly as long as its lease: not put again.
     const entries = current.epoch === null ? new Set<string>() : await peekOwner(ctx, keys, seen);
-    const handed = earlier()
-      .filter((r) => !entries.has(r.lease))
-      .slice(0, MAX_HANDED_IN_CLAIM);
+    const handed = leasesToHandOver(earlier(), entries);
     const next = current.epoch === null ? 1 : current.epoch + 1;
     const record = putWithLease(keys.liveness, ReplicatedLease.record(next, lease, ttlMs, earlier()), lease);
     const uid = current.epoch === null ? randomUUID() : null;
@@ -192,16 +190,33 @@ async function claim(
       // A database created again by this open (it was deleted meanwhile): the old one's owners, if this
       // open saw any, are still waited for; they see their epoch key gone and stop.
       const waitFor = earlier();
-      return { epoch: 1, head: 0, revision: res.header.revision, uid, waitFor, handedOver: waitFor.length === handed.length };
+      return { epoch: 1, head: 0, revision: res.header.revision, uid, waitFor, handedOver: allHandedOver(waitFor, handed, []) };
     }
     const present = refsOf(res.responses, 5);
     noteEarlier(seen, parseOwner(valueOf(res.responses, 2)), present);
     // Handed over: by this transaction, or by entries it (or the peek just before it) read.
-    const done = new Set([...handed.map((r) => r.lease), ...entries, ...present.map((r) => r.lease)]);
     const waitFor = earlier();
-    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 4), waitFor, handedOver: waitFor.every((r) => done.has(r.lease)) };
+    return { epoch: next, head: Number(valueOf(res.responses, 1) ?? "0"), revision: res.header.revision, uid: valueOf(res.responses, 4), waitFor, handedOver: allHandedOver(waitFor, handed, [...entries, ...present.map((r) => r.lease)]) };
   }
   throw new ConfigError(`could not claim database "${name}": ${MAX_CLAIMS} other openers claimed it at the same time; is a restart loop running?`);
+}
+
+/**
+ * The earlier leases a claim puts `<db>/waitfor/` entries for: those not already named by one
+ * (`entries`: an entry lasts exactly as long as its lease), at most `cap` (etcd's operations limit).
+ */
+export function leasesToHandOver(earlier: readonly LeaseRef[], entries: ReadonlySet<string>, cap = MAX_HANDED_IN_CLAIM): LeaseRef[] {
+  return earlier.filter((r) => !entries.has(r.lease)).slice(0, cap);
+}
+
+/**
+ * Whether every lease the new owner waits for has an entry once its claim landed: put by the claim
+ * (`handed`) or already there (`present`). False sends the open to the hand-over after the claim
+ * (liveness.ts handOverNow).
+ */
+export function allHandedOver(waitFor: readonly LeaseRef[], handed: readonly LeaseRef[], present: Iterable<string>): boolean {
+  const done = new Set([...handed.map((r) => r.lease), ...present]);
+  return waitFor.every((r) => done.has(r.lease));
 }
 
 /**

@@ -57,6 +57,18 @@ describe("replicated ownership and local copy", () => {
       admin.close();
     }
   };
+  /**
+   * `db` waits before launching (its `previousGone()` still pending a second on) while an earlier owner
+   * lives, and stops waiting once `end()` has ended that owner (its lease revoked by its close).
+   */
+  const waitsUntil = async (db: Database, end: () => Promise<unknown>, who: string): Promise<void> => {
+    let gone = false;
+    void db.lease!.previousGone().then(() => (gone = true));
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.equal(gone, false, `it waits while ${who}'s lease lives`);
+    await end();
+    await eventually(() => gone, `the wait ends once ${who}'s lease is gone`, 30_000);
+  };
   /** Identities of the whole log as a brand-new machine reads it from the cluster. */
   const clusterLog = async (name: string): Promise<string[]> => {
     const s = machine(`probe-${Math.random().toString(36).slice(2)}`).storage;
@@ -236,13 +248,7 @@ describe("replicated ownership and local copy", () => {
       // The next opener (the log mended) waits for the first owner, which still runs...
       await admin.put(keys.log(1)).value(good);
       const c = await machine("abandon-C").storage.open("abandon");
-      let gone = false;
-      void c.lease!.previousGone().then(() => (gone = true));
-      await new Promise((r) => setTimeout(r, 1000));
-      assert.equal(gone, false, "the next owner waits while the first owner's lease lives");
-      // ...until it closes (its lease revoked).
-      await a.close();
-      await eventually(() => gone, "the next owner's wait ends once the earlier leases are gone", 30_000);
+      await waitsUntil(c, () => a.close(), "the first owner");
       await c.close();
     } finally {
       admin.close();
@@ -288,13 +294,7 @@ describe("replicated ownership and local copy", () => {
       assert.deepEqual(await waiting("handover"), [[ownerA.lease, ownerA.lease]]);
       // The next opener waits for the first owner, which still holds its lease...
       const d = await machine("handover-D").storage.open("handover");
-      let gone = false;
-      void d.lease!.previousGone().then(() => (gone = true));
-      await new Promise((r) => setTimeout(r, 1000));
-      assert.equal(gone, false, "the next owner waits while the first owner's lease lives");
-      // ...until that owner closes (its lease revoked).
-      await a.close();
-      await eventually(() => gone, "the next owner's wait ends once the first owner's lease is gone", 30_000);
+      await waitsUntil(d, () => a.close(), "the first owner");
       assert.deepEqual(await waiting("handover"), []);
       // The fourth owner saw every earlier lease gone: its close revokes its lease and its record with it.
       await d.close();
@@ -319,12 +319,7 @@ describe("replicated ownership and local copy", () => {
       await admin.leaseClient.leaseRevoke({ ID: ownerB.lease });
       assert.equal(await admin.get(keys.liveness).string(), null);
       const c = await machine("dies-C").storage.open("dies");
-      let gone = false;
-      void c.lease!.previousGone().then(() => (gone = true));
-      await new Promise((r) => setTimeout(r, 1000));
-      assert.equal(gone, false, "the next owner waits while the first owner's lease lives");
-      await a.close();
-      await eventually(() => gone, "the wait ends once the first owner's lease is gone", 30_000);
+      await waitsUntil(c, () => a.close(), "the first owner");
       await c.close();
       await b.close().catch(() => undefined);
     } finally {
@@ -412,12 +407,7 @@ describe("replicated ownership and local copy", () => {
       assert.equal(c.epoch, 3, "one epoch claimed: the refused claim wrote nothing");
       assert.deepEqual(await waiting("dropgone"), [[ownerB.lease, ownerB.lease]], "the live earlier lease handed over, the gone one not");
       assert.deepEqual((await record()).pending.map((p) => p.lease), [ownerB.lease], "the new record names the live earlier lease only");
-      let gone = false;
-      void c.lease!.previousGone().then(() => (gone = true));
-      await new Promise((r) => setTimeout(r, 1000));
-      assert.equal(gone, false, "it waits for the second owner, whose lease lives");
-      await b.close();
-      await eventually(() => gone, "the wait ends once the second owner's lease is gone", 30_000);
+      await waitsUntil(c, () => b.close(), "the second owner");
       await c.close();
     } finally {
       admin.close();
@@ -536,12 +526,7 @@ describe("replicated ownership and local copy", () => {
       const b = await storageB.open("seen");
       assert.equal(grants, 2);
       assert.equal(b.epoch, 3);
-      let gone = false;
-      void b.lease!.previousGone().then(() => (gone = true));
-      await new Promise((r) => setTimeout(r, 1000));
-      assert.equal(gone, false, "it waits for the first owner, whose lease lives");
-      await a.close();
-      await eventually(() => gone, "the wait ends once the first owner's lease is gone", 30_000);
+      await waitsUntil(b, () => a.close(), "the first owner");
       await b.close();
       await (x as Database | null)?.close();
     } finally {

@@ -7,11 +7,11 @@ import { describe, it } from "node:test";
 import { EtcdAuthenticationFailedError, EtcdLeaseInvalidError, EtcdPermissionDeniedError, GRPCDeadlineExceededError, GRPCUnavailableError } from "etcd3";
 import type { Context } from "../../storage-adapters/replicated/context.js";
 import { classifyEtcdError, mapEtcdError } from "../../storage-adapters/replicated/etcd-errors.js";
-import { checkMembers, dropGone } from "../../storage-adapters/replicated/open.js";
+import { allHandedOver, checkMembers, dropGone, leasesToHandOver } from "../../storage-adapters/replicated/open.js";
 import { resolveOptions } from "../../storage-adapters/replicated/options.js";
 import { orphanSegments } from "../../storage-adapters/replicated/snapshots.js";
 import { fencedBy, fencedByEvent, fencer } from "../../storage-adapters/replicated/ops.js";
-import { ReplicatedLease } from "../../storage-adapters/replicated/liveness.js";
+import { ReplicatedLease, parseLeaseRef, parseOwner } from "../../storage-adapters/replicated/liveness.js";
 import { keysOf } from "../../storage-adapters/replicated/layout.js";
 import { hostname } from "node:os";
 import { captureLogger } from "./helpers.js";
@@ -244,10 +244,34 @@ describe("a claim refused because a lease it names is gone", () => {
     assert.deepEqual([...gone], ["41"]);
   });
 
+  it("a claim puts entries only for leases without one, at most 120; past that (or with one missing) the hand-over after the claim runs", () => {
+    const many = Array.from({ length: 130 }, (_, i) => ref(String(1000 + i)));
+    const handed = leasesToHandOver(many, new Set(["1000", "1001"]));
+    assert.equal(handed.length, 120, "etcd's 128 operations, 8 kept for the claim's own");
+    assert.equal(handed[0]!.lease, "1002", "leases already named by an entry are not put again");
+    assert.equal(allHandedOver(many, handed, ["1000", "1001"]), false, "8 leases left: handOverNow after the claim");
+    assert.equal(allHandedOver(many, handed, ["1000", "1001", ...many.slice(122).map((r) => r.lease)]), true, "the rest read as entries by the claim");
+    const few = [ref("41"), ref("42")];
+    assert.equal(allHandedOver(few, leasesToHandOver(few, new Set()), []), true);
+    assert.equal(allHandedOver(few, [ref("41")], []), false);
+  });
+
   it("says none when no lease is reported gone yet (the member asked lags the one that refused)", async () => {
     const gone = new Set<string>();
     assert.equal(await dropGone(ttlContext({ "7": "3", "41": "2" }), "7", [ref("41")], gone), "none");
     assert.deepEqual([...gone], []);
+  });
+});
+
+describe("owner records and hand-over entries read from etcd", () => {
+  it("keeps only well-formed leases (a decimal id, a host, a pid): anything else is neither waited for nor handed over", () => {
+    const good = { lease: "41", host: "h", pid: 2 };
+    const rec = parseOwner(JSON.stringify({ epoch: 3, lease: "7", host: "h", pid: 1, ttlMs: 3000, pending: [good, { lease: 42, host: "h", pid: 2 }, { host: "h", pid: 2 }, null, "43", { lease: "x", host: "h", pid: 2 }] }));
+    assert.deepEqual(rec?.pending, [good]);
+    assert.equal(parseOwner(JSON.stringify({ epoch: 3, lease: "7", host: "h", pid: 1, ttlMs: 3000, pending: "41" }))?.pending.length, 0);
+    assert.equal(parseOwner("not json"), null);
+    assert.deepEqual(parseLeaseRef(JSON.stringify(good)), good);
+    for (const bad of ["{}", "null", "[]", "41", JSON.stringify({ lease: "", host: "h", pid: 1 }), JSON.stringify({ lease: "41", host: "h" })]) assert.equal(parseLeaseRef(bad), null, bad);
   });
 });
 
