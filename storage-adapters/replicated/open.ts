@@ -129,8 +129,9 @@ type EpochHead = Awaited<ReturnType<typeof readEpochHead>>;
  * exists when this owner holds the epoch and only its own record (which dies with its lease) names
  * them. etcd refuses the whole transaction when any lease it names is gone: the claim then asks which
  * (dropGone), drops an earlier owner's and claims again; its own is the caller's to grant anew.
+ * Exported for the unit tests of those refusals (test/replicated/unit.test.ts).
  */
-async function claim(
+export async function claim(
   ctx: Context,
   keys: Keys,
   name: string,

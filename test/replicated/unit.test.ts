@@ -7,12 +7,13 @@ import { describe, it } from "node:test";
 import { EtcdAuthenticationFailedError, EtcdLeaseInvalidError, EtcdPermissionDeniedError, GRPCDeadlineExceededError, GRPCUnavailableError } from "etcd3";
 import type { Context } from "../../storage-adapters/replicated/context.js";
 import { classifyEtcdError, mapEtcdError } from "../../storage-adapters/replicated/etcd-errors.js";
-import { allHandedOver, checkMembers, dropGone, leasesToHandOver } from "../../storage-adapters/replicated/open.js";
+import { allHandedOver, checkMembers, claim, dropGone, leasesToHandOver } from "../../storage-adapters/replicated/open.js";
 import { resolveOptions } from "../../storage-adapters/replicated/options.js";
 import { orphanSegments } from "../../storage-adapters/replicated/snapshots.js";
 import { fencedBy, fencedByEvent, fencer } from "../../storage-adapters/replicated/ops.js";
 import { ReplicatedLease, parseLeaseRef, parseOwner } from "../../storage-adapters/replicated/liveness.js";
 import { keysOf } from "../../storage-adapters/replicated/layout.js";
+import { performance } from "node:perf_hooks";
 import { hostname } from "node:os";
 import { captureLogger } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
@@ -260,6 +261,67 @@ describe("a claim refused because a lease it names is gone", () => {
     const gone = new Set<string>();
     assert.equal(await dropGone(ttlContext({ "7": "3", "41": "2" }), "7", [ref("41")], gone), "none");
     assert.deepEqual([...gone], []);
+  });
+
+  /**
+   * A cluster that answers the claim's reads (no owner record, no hand-over entries) and runs each
+   * claim transaction through `claimTxn`; TTL queries answer from `ttls` (as ttlContext).
+   */
+  const claimContext = (ttls: Record<string, string>, claimTxn: (ops: readonly { request_put?: { key: Buffer } }[]) => object) => {
+    const seenClaims: string[][] = [];
+    const ctx = {
+      opts: { livenessMs: 10_000 },
+      call: (op: (client: unknown) => Promise<unknown>) => op({ leaseClient: { leaseTimeToLive: async ({ ID }: { ID: string }) => ({ TTL: ttls[ID] ?? "-1" }) } }),
+      txn: async (compares: readonly unknown[], ops: readonly { request_put?: { key: Buffer } }[]) => {
+        const empty = { header: { revision: "9" }, succeeded: true, responses: ops.map(() => ({ response_range: { kvs: [] } })) };
+        if (compares.length === 0) return empty; // the peek at the owner record and the entries
+        seenClaims.push(ops.flatMap((o) => (o.request_put === undefined ? [] : [o.request_put.key.toString("utf8")])));
+        return claimTxn(ops);
+      },
+    } as unknown as Context;
+    return { ctx, seenClaims };
+  };
+  const first = { epoch: 3, epochRevision: "5", head: 10, revision: "9", uid: null };
+  const claimWith = (ctx: Context, gone: Set<string>, earlier: string[]) =>
+    claim(ctx, keysOf("db"), "db", false, "7", first, null, new Map(earlier.map((l) => [l, ref(l)])), new Set(["7"]), gone);
+  const notFound = () => {
+    throw new Error("etcdserver: requested lease not found");
+  };
+
+  it("gives up with StorageUnavailable after 16 refusals no member explains, pausing 100 ms before each new claim, having claimed nothing", async () => {
+    const { ctx, seenClaims } = claimContext({ "7": "8", "41": "8" }, notFound);
+    const started = performance.now();
+    await assert.rejects(claimWith(ctx, new Set(), ["41"]), (err: unknown) => {
+      assert.equal((err as { code?: string }).code, "unavailable");
+      assert.match((err as Error).message, /etcd refused its claim 17 times because a lease it names had run out .* nothing was claimed\. Retry\./);
+      return true;
+    });
+    assert.equal(seenClaims.length, 17, "16 claims again after the first refusal, then the open gives up");
+    assert.ok(performance.now() - started >= 16 * 95, "a pause before each claim again (a lagging member gets time to catch up)");
+    assert.ok(seenClaims.every((keys) => keys.includes(keysOf("db").waitFor("41"))), "the live earlier lease is handed over in every claim");
+  });
+
+  it("lets its own lease's refusal through to the caller (which grants a new lease) at once", async () => {
+    const { ctx, seenClaims } = claimContext({ "7": "-1", "41": "8" }, notFound);
+    await assert.rejects(claimWith(ctx, new Set(), ["41"]), /requested lease not found/);
+    assert.equal(seenClaims.length, 1);
+  });
+
+  it("drops an earlier lease reported gone and claims again without its entry, and waits only for the live one", async () => {
+    let n = 0;
+    const { ctx, seenClaims } = claimContext({ "7": "8", "41": "-1", "42": "8" }, (ops) => {
+      if (++n === 1) notFound();
+      return { header: { revision: "12" }, succeeded: true, responses: ops.map(() => ({ response_range: { kvs: [] } })) };
+    });
+    const gone = new Set<string>();
+    const out = await claimWith(ctx, gone, ["41", "42"]);
+    const keys = keysOf("db");
+    assert.deepEqual(seenClaims.map((k) => k.filter((key) => key.startsWith(keys.waitFor("")))), [[keys.waitFor("41"), keys.waitFor("42")], [keys.waitFor("42")]]);
+    assert.deepEqual([...gone], ["41"]);
+    assert.ok(!("restart" in out));
+    assert.equal(out.epoch, 4);
+    assert.deepEqual(out.waitFor.map((r) => r.lease), ["42"]);
+    assert.equal(out.handedOver, true, "the claim itself put the only live earlier lease's entry");
   });
 });
 
