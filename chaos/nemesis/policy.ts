@@ -7,7 +7,8 @@
  * while before they write (long-running), and while they run they append a `tick <session> <cell>
  * <owner epoch> <ms>` line every 200 ms, so that a cell still running after a newer owner launched
  * shows in the effect file even when it is killed before its last line; the rest write at once. Every UnknownExecution is resolved citing the
- * evidence the harness recorded, then the run concludes success.
+ * evidence the harness recorded, then the run concludes success (in a later round when observations
+ * that arrived meanwhile block it).
  */
 import { ModelError, type Model, type ModelReply, type ModelRequest } from "../../src/model/contract.js";
 import type { State } from "../../src/state/schema.js";
@@ -39,7 +40,13 @@ export function cellArgv(effectFile: string, timerCli: string | null, kind: "pla
   return ["sh", "-c", `echo cell $CAIRN_CELL; ${before}${line}`];
 }
 
-export function decide(state: State, effectFile: string, timerCli: string | null, longMs: number): unknown[] {
+/**
+ * The patch for `state`. `concludeLater`: the previous attempt's conclusion was refused in this
+ * round (observations arrived after it was prepared: they are delivered next round), so this one
+ * adds a note instead and the run concludes in a later round, as the refusal says to. Sending the
+ * same conclusion again would be refused every attempt and end the run in failure.
+ */
+export function decide(state: State, effectFile: string, timerCli: string | null, longMs: number, concludeLater = false): unknown[] {
   const plan = parseGoal(state.goal);
   if (plan === null) throw new ModelError("config", `the chaos policy cannot read the goal "${state.goal}"`, { retryable: false });
   const ops: unknown[] = [{ op: "test", path: "/revision", value: state.revision }];
@@ -56,7 +63,8 @@ export function decide(state: State, effectFile: string, timerCli: string | null
   else if (cmds < plan.cells) {
     const kind = plan.timer && cmds === 0 ? "timer" : cmds - (plan.timer ? 1 : 0) < plan.long ? "long" : "plain";
     add({ kind: "cmd", argv: cellArgv(effectFile, timerCli, kind, longMs) });
-  } else add({ kind: "note", role: "conclusion", result: "success", text: "every planned cell was handled" });
+  } else if (concludeLater) add({ kind: "note", text: "every planned cell was handled; concluding once the observations that just arrived are read" });
+  else add({ kind: "note", role: "conclusion", result: "success", text: "every planned cell was handled" });
   return ops;
 }
 
@@ -70,6 +78,6 @@ export class PolicyModel implements Model {
   ) {}
 
   async step(req: ModelRequest): Promise<ModelReply> {
-    return { patch: decide(req.state, this.effectFile, this.timerCli, this.longMs), usage: null };
+    return { patch: decide(req.state, this.effectFile, this.timerCli, this.longMs, req.rejection?.code === "conclusion_blocked"), usage: null };
   }
 }

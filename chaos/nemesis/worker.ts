@@ -126,6 +126,8 @@ async function main(): Promise<number> {
   });
   const fail = (err: unknown): number => {
     const info = errorInfo(err);
+    // Said on stderr, which the nemesis prints beside an exit of 1 or 2 (run.ts): an exit without its reason explains nothing.
+    process.stderr.write(`nemesis worker ${cfg.worker}: stopping on ${info.code}${info.reason === null ? "" : ` (${info.reason})`}: ${info.message}\n`);
     return info.code === "reset" ? EXIT.fenced : info.code === "uncertain" || info.code === "unavailable" ? EXIT.storage : EXIT.failure;
   };
   let crashed: number | null = null;
