@@ -1,8 +1,8 @@
 /**
  * The nemesis workload's model (policy.ts): a run whose conclusion is refused because observations
  * arrived after its round was prepared waits a round instead of sending the same conclusion again
- * (which would be refused every attempt and end the run in failure, as two runs in a 25-minute
- * nemesis did before).
+ * (which would be refused every attempt and end the run in failure, as a run of a 20-minute nemesis
+ * with seed 71226 did before).
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";

@@ -9,12 +9,10 @@ import { after, before, test, type TestContext } from "node:test";
 import { Etcd3 } from "etcd3";
 import type { NewEvent } from "../../src/state/events.js";
 import type { Storage } from "../../src/storage/contract.js";
-import { closeSync, openSync, writeSync } from "node:fs";
-import Sqlite from "better-sqlite3";
 import { createReplicatedStorage, localCopyPath } from "../../storage-adapters/replicated/index.js";
 import { keysOf } from "../../storage-adapters/replicated/layout.js";
 import { hasError } from "../../src/storage/conformance/fixtures.js";
-import { devCluster, ev, tempDir } from "./helpers.js";
+import { damageTable, devCluster, ev, tempDir } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
 
 let dc: Awaited<ReturnType<typeof devCluster>> | null = null;
@@ -106,13 +104,7 @@ test("a local copy found damaged while the open catches it up, after compaction:
   await a.close();
   // The events table's root page overwritten (the WAL was checkpointed into the file by the last close).
   const path = localCopyPath(`${dir}/a`, "damaged");
-  const probe = new Sqlite(path);
-  const root = (probe.prepare("SELECT rootpage FROM sqlite_master WHERE name = 'events'").get() as { rootpage: number }).rootpage;
-  const pageSize = probe.pragma("page_size", { simple: true }) as number;
-  probe.close();
-  const fd = openSync(path, "r+");
-  writeSync(fd, Buffer.alloc(pageSize, 0xa5), 0, pageSize, (root - 1) * pageSize);
-  closeSync(fd);
+  damageTable(path, "events");
   const again = await machine().open("damaged");
   assert.equal(await again.head(), 103);
   await assert.rejects(again.commit([ev("old-3-7")]), hasError("rejected", "duplicate_identity"), "a compacted identity is refused by the rebuilt copy");

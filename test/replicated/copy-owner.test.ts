@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { closeSync, existsSync, mkdirSync, openSync, statSync, writeSync } from "node:fs";
+import { closeSync, mkdirSync, openSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
 import Sqlite from "better-sqlite3";
@@ -16,7 +16,7 @@ import { LocalCopy } from "../../storage-adapters/replicated/local-copy.js";
 import { keysOf } from "../../storage-adapters/replicated/layout.js";
 import { Etcd3 } from "etcd3";
 import { hasError } from "../../src/storage/conformance/fixtures.js";
-import { captureLogger, devCluster, ev, tempDir } from "./helpers.js";
+import { captureLogger, damageTable, devCluster, ev, tempDir } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
 
 describe("the local copy's owner", () => {
@@ -406,18 +406,7 @@ describe("the local copy's owner", () => {
     await db.close();
     // The pages of the meta table and of its key's index overwritten with garbage. The file still
     // opens (its schema on page 1 is intact), so only stamping, the first read of meta, meets the damage.
-    const file = new Sqlite(path);
-    const pageSize = file.pragma("page_size", { simple: true }) as number;
-    const roots = (file.prepare("SELECT rootpage FROM sqlite_master WHERE tbl_name = 'meta'").all() as { rootpage: number }[]).map((r) => r.rootpage);
-    file.close();
-    assert.ok(roots.length >= 1 && roots.every((r) => r > 1), `meta's pages: ${roots.join(", ")}`);
-    assert.equal(existsSync(`${path}-wal`) && statSync(`${path}-wal`).size > 0, false, "the copy was checkpointed at close");
-    const fd = openSync(path, "r+");
-    try {
-      for (const root of roots) writeSync(fd, Buffer.alloc(pageSize, 0xa5), 0, pageSize, (root - 1) * pageSize);
-    } finally {
-      closeSync(fd);
-    }
+    damageTable(path, "meta", true);
     const probe = new LocalCopy(path);
     try {
       assert.throws(() => probe.stamp("x", "damaged"), (err: { code?: string }) => /^SQLITE_(CORRUPT|NOTADB)/.test(String(err.code)), "the damage is met by stamping");

@@ -6,7 +6,7 @@
  * catches up.
  */
 import assert from "node:assert/strict";
-import { closeSync, existsSync, openSync, rmSync, statSync, writeFileSync, writeSync } from "node:fs";
+import { existsSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { after, before, describe, it } from "node:test";
 import Sqlite from "better-sqlite3";
 import type { Database, DatabaseSignal, Storage } from "../../src/storage/contract.js";
@@ -14,7 +14,8 @@ import { createReplicatedStorage, localCopyPath, type ReplicatedStats } from "..
 import { chainHash, keysOf } from "../../storage-adapters/replicated/layout.js";
 import { Etcd3 } from "etcd3";
 import { message } from "../../src/storage/conformance/fixtures.js";
-import { captureLogger, devCluster, ev, tempDir } from "./helpers.js";
+import { captureLogger, damageTable, devCluster, ev, tempDir } from "./helpers.js";
+import { LocalCopy } from "../../storage-adapters/replicated/local-copy.js";
 import { exitAfterTests } from "../support/exit.js";
 
 async function eventually(done: () => boolean, what: string, ms = 120_000): Promise<void> {
@@ -543,20 +544,45 @@ describe("replicated ownership and local copy", () => {
     const path = localCopyPath(A.dataDir, "damaged");
     // Closed by its last connection: the WAL is checkpointed into the file. The events table's root
     // page overwritten: the header, the schema and the stamp still read.
-    const probe = new Sqlite(path);
-    const root = (probe.prepare("SELECT rootpage FROM sqlite_master WHERE name = 'events'").get() as { rootpage: number }).rootpage;
-    const pageSize = probe.pragma("page_size", { simple: true }) as number;
-    probe.close();
-    assert.equal(existsSync(`${path}-wal`), false);
-    const fd = openSync(path, "r+");
-    writeSync(fd, Buffer.alloc(pageSize, 0xa5), 0, pageSize, (root - 1) * pageSize);
-    closeSync(fd);
+    damageTable(path, "events");
     const B = machine("damaged-A");
     const b = await B.storage.open("damaged");
     assert.ok(B.logger.lines.some((l) => l.includes("local copy damaged")), B.logger.lines.join("\n"));
     assert.deepEqual((await b.read()).map((e) => e.identity), [0, 1, 2, 3, 4].map((i) => ev(`m${i}`).identity));
     assert.deepEqual(await b.commit([ev("m5")]), { firstSeq: 6, lastSeq: 6 });
     await b.close();
+  });
+
+  it("a disk that damages the rebuilt copy too: the open fails once, saying the disk or file system is failing, and the next open on a sound disk succeeds", async () => {
+    const A = machine("failing-A");
+    const a = await A.storage.open("failing");
+    for (let i = 0; i < 3; i++) await a.commit([ev(`f${i}`)]);
+    await a.close();
+    // A failing disk as SQLite reports one: every catch-up of the copy meets damage, the old file's and the rebuilt one's.
+    const tip = LocalCopy.prototype.tip;
+    let calls = 0;
+    LocalCopy.prototype.tip = function (): never {
+      calls++;
+      throw Object.assign(new Error("database disk image is malformed"), { code: "SQLITE_CORRUPT" });
+    };
+    const B = machine("failing-A");
+    try {
+      await assert.rejects(B.storage.open("failing"), (err: unknown) => {
+        assert.equal((err as { code?: string }).code, "unavailable");
+        assert.match((err as Error).message, /its local copy .* was damaged, and the copy rebuilt from the cluster in its place reads as damaged too .*the disk or the file system under .* is failing\. Check them/);
+        return true;
+      });
+    } finally {
+      LocalCopy.prototype.tip = tip;
+    }
+    assert.equal(calls, 2, "rebuilt once, not again and again");
+    assert.ok(B.logger.lines.some((l) => l.includes("local copy damaged")), B.logger.lines.join("\n"));
+    const C = machine("failing-A");
+    const c = await C.storage.open("failing");
+    assert.equal(c.epoch, 3, "the failed open had claimed epoch 2 and released it");
+    assert.deepEqual((await c.read()).map((e) => e.identity), [0, 1, 2].map((i) => ev(`f${i}`).identity));
+    assert.deepEqual(await c.commit([ev("f3")]), { firstSeq: 4, lastSeq: 4 });
+    await c.close();
   });
 
   it("a local copy that cannot be opened for a reason other than damage (another process holds it locked) is left in place: the open fails saying so and claims nothing", async () => {

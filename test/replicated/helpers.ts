@@ -4,7 +4,8 @@
  * valid events.
  */
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync } from "node:fs";
+import { closeSync, existsSync, mkdtempSync, openSync, rmSync, statSync, writeSync } from "node:fs";
+import Sqlite from "better-sqlite3";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { event, type NewEvent } from "../../src/state/events.js";
@@ -25,6 +26,28 @@ export function ev(id: string, session = "s1", note = ""): NewEvent {
 export function tempDir(prefix: string): { dir: string; remove: () => void } {
   const dir = mkdtempSync(join(tmpdir(), `cairn-${prefix}-`));
   return { dir, remove: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/**
+ * Overwrites with garbage the root page of table `table` in the closed SQLite file `path` and, with
+ * `withIndexes`, those of its indexes too: the file still opens (its header and schema on page 1 are
+ * intact), and only a read of that table meets the damage. The file's last connection must have
+ * closed (its WAL checkpointed into it: asserted). Returns the pages overwritten.
+ */
+export function damageTable(path: string, table: string, withIndexes = false): number[] {
+  const file = new Sqlite(path);
+  const pageSize = file.pragma("page_size", { simple: true }) as number;
+  const roots = (file.prepare(`SELECT rootpage FROM sqlite_master WHERE ${withIndexes ? "tbl_name" : "name"} = ?`).all(table) as { rootpage: number }[]).map((r) => r.rootpage);
+  file.close();
+  assert.ok(roots.length >= 1 && roots.every((r) => r > 1), `${table}'s pages: ${roots.join(", ")}`);
+  assert.equal(existsSync(`${path}-wal`) && statSync(`${path}-wal`).size > 0, false, "the file was checkpointed by its last close");
+  const fd = openSync(path, "r+");
+  try {
+    for (const root of roots) writeSync(fd, Buffer.alloc(pageSize, 0xa5), 0, pageSize, (root - 1) * pageSize);
+  } finally {
+    closeSync(fd);
+  }
+  return roots;
 }
 
 /** A logger that records every line as JSON text (object and message). */
