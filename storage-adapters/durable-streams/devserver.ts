@@ -5,7 +5,7 @@
  * the same directory and port. Not for production: one node, no quorum (docs/durable-streams.md).
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { createWriteStream, existsSync, mkdirSync, type WriteStream } from "node:fs";
+import { createWriteStream, existsSync, mkdirSync, readFileSync, type WriteStream } from "node:fs";
 import { createServer } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -72,7 +72,8 @@ export async function startDevServer(options: DevServerOptions): Promise<DevServ
 
   const launch = async (): Promise<void> => {
     if (log.writableEnded) log = createWriteStream(logFile, { flags: "a" });
-    for (let attempt = 0; ; attempt++) {
+    const deadline = Date.now() + 30_000;
+    for (;;) {
       const proc = spawn(process.execPath, [script(), "--dir", options.dir, "--port", String(port), "--long-poll-ms", String(options.longPollMs ?? 30_000)], { stdio: ["ignore", "pipe", "pipe"] });
       const gone = new Promise<void>((resolve) => proc.once("exit", () => resolve()));
       const ok = await new Promise<boolean>((resolve) => {
@@ -91,8 +92,11 @@ export async function startDevServer(options: DevServerOptions): Promise<DevServ
         return;
       }
       // The port may still be held by the process just killed: try again shortly.
-      if (attempt >= 20) throw new Error(`the reference server did not start on port ${port} (see ${logFile})`);
-      await new Promise((r) => setTimeout(r, 100));
+      if (Date.now() > deadline) {
+        const tail = existsSync(logFile) ? readFileSync(logFile, "utf8").slice(-2000) : "";
+        throw new Error(`the reference server did not start on port ${port} within 30 s; the end of ${logFile}:\n${tail}`);
+      }
+      await new Promise((r) => setTimeout(r, 200));
     }
   };
 

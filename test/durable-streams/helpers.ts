@@ -1,0 +1,76 @@
+/**
+ * Helpers of the Durable Streams tests: a reference server in a temporary directory (stopped, and the
+ * directory removed, in an `after` hook whatever the test did), checks of a log, and the one way the
+ * tests reproduce the state the reference server is left in when killed between its data fsync and its
+ * producer-state update (`orphanFrame`).
+ */
+import assert from "node:assert/strict";
+import { appendFileSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after } from "node:test";
+import type { LogEvent } from "../../src/state/events.js";
+import { startDevServer, STREAM_PREFIX, type DevServer } from "../../storage-adapters/durable-streams/devserver.js";
+
+/** A reference server in a temporary directory; stopped and removed after the file's tests. */
+export async function devServer(prefix: string, options: { longPollMs?: number } = {}): Promise<DevServer & { root: string }> {
+  const root = mkdtempSync(join(tmpdir(), `cairn-ds-${prefix}-`));
+  const server = await startDevServer({ dir: join(root, "server"), ...options });
+  after(async () => {
+    await server.stop();
+    rmSync(root, { recursive: true, force: true });
+  });
+  return Object.assign(server, { root });
+}
+
+/**
+ * Appends `record` to the segment file of stream `path` (relative to the base URL, e.g. "db/log") as
+ * the reference server frames it (4-byte big-endian length, the message as it stores a JSON one, a
+ * newline), with the server stopped: exactly what a server SIGKILLed after fsyncing an append and
+ * before recording it in its metadata (producer state and offset) leaves behind. Its recovery then
+ * takes the file's length as the truth and keeps the old producer state (file-store.ts, recover()).
+ */
+export function orphanFrame(server: DevServer, path: string, record: unknown): void {
+  const encoded = Buffer.from(`${STREAM_PREFIX}/${path}`, "utf8").toString("base64").replace(/\+/g, "-").replace(/\//g, "_").replace(/=/g, "");
+  const dir = join(server.dir, "streams");
+  const files = readdirSync(dir).filter((f) => f.startsWith(`${encoded}~`) && f.endsWith(".log"));
+  assert.equal(files.length, 1, `one segment file for ${path} in ${dir}: ${files.join(", ")}`);
+  const data = Buffer.from(`${JSON.stringify(record)},`, "utf8");
+  const length = Buffer.alloc(4);
+  length.writeUInt32BE(data.length, 0);
+  appendFileSync(join(dir, files[0]!), Buffer.concat([length, data, Buffer.from("\n")]));
+}
+
+/** How many times the server's recovery found a stream file longer than its metadata (the crash window hit). */
+export function reconciled(server: DevServer): number {
+  return (readFileSync(server.logFile, "utf8").match(/Offset mismatch/g) ?? []).length;
+}
+
+/** Asserts that `log` is seqs 1..n with unique identities. */
+export function assertWellFormed(log: readonly LogEvent[], what: string): void {
+  assert.deepEqual(
+    log.map((e) => e.seq),
+    Array.from({ length: log.length }, (_, i) => i + 1),
+    `${what}: seqs are 1..${log.length} without a gap`,
+  );
+  const ids = new Set(log.map((e) => e.identity));
+  assert.equal(ids.size, log.length, `${what}: every identity is unique`);
+}
+
+/** Asserts that every receipted batch is in `log` at its seqs, with its identities. */
+export function assertReceipted(log: readonly LogEvent[], receipts: readonly { firstSeq: number; lastSeq: number; identities: readonly string[] }[], what: string): void {
+  for (const r of receipts) {
+    const got = log.filter((e) => e.seq >= r.firstSeq && e.seq <= r.lastSeq).map((e) => e.identity);
+    assert.deepEqual(got, r.identities, `${what}: receipted batch ${r.firstSeq}..${r.lastSeq} is in the log`);
+  }
+}
+
+/** Runs `body`; a failure carries the end of the server's log (what the server said when it went wrong). */
+export async function withServerLog<T>(server: DevServer, body: () => Promise<T>): Promise<T> {
+  try {
+    return await body();
+  } catch (err) {
+    if (err instanceof Error) err.message += `\n--- the end of the server's log (${server.logFile}):\n${readFileSync(server.logFile, "utf8").slice(-3000)}`;
+    throw err;
+  }
+}
