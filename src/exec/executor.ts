@@ -137,6 +137,9 @@ export interface Executor {
 /** Exit code of a gate that was closed without being released. */
 export const GATE_NOT_RELEASED_EXIT = 125;
 
+/** How often a running cell's init is checked for having been stopped (see release). */
+const INIT_WATCH_MS = 1000;
+
 /** How long to wait for the output pipes to close after the whole group is gone, before giving up on them. */
 const PIPE_DRAIN_MS = 2000;
 
@@ -287,6 +290,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     let stopReason: "cancelled" | "shutdown" | "abort" | null = null;
     let timedOut = false;
     let wallTimer: NodeJS.Timeout | null = null;
+    let initWatch: NodeJS.Timeout | null = null;
     let killing: Promise<unknown> | null = null;
     const killGroup = (graceMs: number): Promise<unknown> => {
       killing ??= terminateGroup(pid, { graceMs });
@@ -315,6 +319,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
       const wasReleased = releasedAt !== null;
       phase = "exited";
       if (wallTimer !== null) clearTimeout(wallTimer);
+      if (initWatch !== null) clearInterval(initWatch);
       // The leader is gone; the cell's group must not outlive it (background children it left behind).
       let leftovers = "";
       if (killing !== null) await killing;
@@ -397,6 +402,18 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
           timedOut = true;
           void killGroup(killGraceMs);
         }, spec.wallTimeMs);
+        // Without a sandbox a cell can stop its init (`kill -STOP $PPID`), which would then never
+        // report its end: while the cell runs, a stopped init is continued (in a sandbox the init is
+        // the namespace's first process, which the cell cannot stop).
+        initWatch = setInterval(() => {
+          if (readProcStat(pid)?.state !== "T") return;
+          try {
+            process.kill(pid, "SIGCONT");
+          } catch {
+            // gone meanwhile
+          }
+        }, INIT_WATCH_MS);
+        initWatch.unref();
         child.stdin.end("go\n");
       },
       async abort(): Promise<void> {

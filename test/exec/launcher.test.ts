@@ -151,14 +151,14 @@ describe("the native launcher", () => {
     assert.equal((await g.done).result, "success");
   });
 
-  test("a cell that stops its launcher (kill -STOP $PPID) wedges nothing: the launcher is continued, the next launch starts and exits are reported", { timeout: 180_000 }, async () => {
+  test("a cell that stops its init and its launcher (kill -STOP $PPID and its parent, without a sandbox) wedges nothing: both are continued, the next launch starts and exits are reported", { timeout: 180_000 }, async () => {
     assert.ok(path !== null);
     const ex = createExecutor({ killGraceMs: 200, launcher: createNativeLauncher(path) });
-    const stopper = spec(["/bin/sh", "-c", "kill -STOP $PPID; echo stopped it"]);
+    const stopper = spec(["/bin/sh", "-c", "launcher=$(cut -d' ' -f4 /proc/$PPID/stat); kill -STOP $PPID $launcher; echo stopped them"]);
     const g = gated(await ex.prepare(stopper));
     const launcherPid = readProcStat(g.identity.pid)?.ppid ?? 0;
     g.release();
-    await waitFor(() => stopper.out.text("stdout") === "stopped it\n", 120_000, "the cell to stop its launcher");
+    await waitFor(() => stopper.out.text("stdout") === "stopped them\n", 120_000, "the cell to stop its init and launcher");
     // Launched while the launcher may still be stopped: started all the same, nobody sent SIGCONT but Cairn.
     const next = spec(["echo", "after"]);
     const g2 = gated(await ex.prepare(next));
