@@ -9,16 +9,19 @@
  *
  * What it does, and nothing else. The harness starts one launcher (in its own session, so a
  * terminal's ^C does not reach it) and sends it requests on stdin. For each request it:
- *   1. opens three Unix stream connections to the harness's abstract socket (given as argv[1]) and
- *      writes "<token> <n>\n" on each (n = 0, 1, 2: the gate's stdin, stdout, stderr): the harness
- *      pairs them with the launch by the token, a random 128-bit value that only it and this process
- *      know; a connection counts only if the listening end is the harness itself, this process's
- *      parent (SO_PEERCRED), because anyone may bind an abstract name (see connect_back);
+ *   1. opens three Unix stream connections to the harness's socket (its path given as argv[1], in a
+ *      directory only the harness's user can enter) and writes "<token> <n>\n" on each (n = 0, 1, 2:
+ *      the gate's stdin, stdout, stderr): the harness pairs them with the launch by the token, a
+ *      random 128-bit value (32 lowercase hex digits) that only it and this process know; a
+ *      connection counts only if the listening end is the harness itself, this process's parent
+ *      (SO_PEERCRED; see connect_back);
  *   2. forks; the child starts a new session (setsid: its own process group, pgid = pid), resets
  *      every signal to its default and unblocks them all, puts the three connections on fds 0, 1
  *      and 2 and closes every other fd, and changes to the cell's directory. The child is the gate:
  *      it blocks reading "go\n" from its stdin, which the harness writes only once
- *      `execution_started` is durable; then it puts /dev/null on stdin and execs the cell's argv
+ *      `execution_started` is durable; then it keeps its stdin connection as fd 3 (the channel the
+ *      cell's init reports the exact exit status on, see run_init), puts /dev/null on stdin and
+ *      execs the argv
  *      with the environment exactly as sent (PATH searched in that environment, or dash's default
  *      search path without one), as
  *      `/bin/sh -c 'read go; exec "$@" </dev/null'` would, without the cost of starting a shell per
@@ -44,9 +47,22 @@
  * anything; a released cell is found by the next owner's recovery, as before.
  *
  * Request frame on stdin: a 4-byte little-endian length, then that many bytes of NUL-terminated
- * strings: token, cwd, argument count, the arguments (the cell's: argv[0] is its program),
- * environment count, the "KEY=value" strings. The harness refuses a NUL inside any string
- * before sending.
+ * strings: token, cwd, argument count, the arguments (argv[0] is the program), environment count,
+ * the "KEY=value" strings. The harness refuses a NUL inside any string before sending. Every field
+ * is checked here too (the token's exact form, counts in decimal digits only and within what the
+ * frame can hold): a malformed request is answered "E - <errno> request" and changes nothing.
+ *
+ * The cell's init: `cairn-launcher init [--pid1] [--nproc N] [--data BYTES] -- PROGRAM ARGS...`.
+ * The gate execs it (directly, or as the command of the bubblewrap sandbox) and it runs the cell
+ * as its child:
+ *   - it applies the fallback limits (RLIMIT_NPROC, RLIMIT_DATA) when the harness could not put the
+ *     cell in a cgroup of its own;
+ *   - it reports the cell's exact wait status as "X <status>\n" on fd 3 (the gate's stdin
+ *     connection, kept for it), since a sandbox's exit code cannot say whether a signal killed it;
+ *   - with --pid1 it is the first process of the sandbox's PID namespace: it reaps every orphan,
+ *     passes SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 on to every process of the
+ *     namespace (so a stop gives all of them their grace period, `setsid` ones included), and exits
+ *     as soon as the cell's main process has: the kernel then kills whatever the cell left behind.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -74,7 +90,28 @@
  * environment (ARG_MAX is 2 MiB by default; 32 MiB leaves room for a raised stack limit). */
 #define MAX_FRAME (32u * 1024u * 1024u)
 
-static const char *socket_name;
+static const char *socket_path;
+
+/* A token is exactly this many lowercase hex digits (128 random bits). */
+#define TOKEN_LEN 32
+
+/* 1 when s is a well-formed token. */
+static int valid_token(const char *s) {
+  for (int i = 0; i < TOKEN_LEN; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+  return s[TOKEN_LEN] == 0;
+}
+
+/* A count field: decimal digits only, at most `max`; -1 otherwise. */
+static long parse_count(const char *s, long max) {
+  if (*s == 0 || strlen(s) > 10) return -1;
+  long v = 0;
+  for (const char *p = s; *p; p++) {
+    if (*p < '0' || *p > '9') return -1;
+    v = v * 10 + (*p - '0');
+  }
+  return v <= max ? v : -1;
+}
 
 static void die(const char *what) {
   fprintf(stderr, "cairn-launcher: %s: %s\n", what, strerror(errno));
@@ -141,11 +178,12 @@ static int read_identity(pid_t pid, long *pgid, char *start, size_t cap) {
 enum step { STEP_CONNECT, STEP_FORK, STEP_SETSID, STEP_SIGNALS, STEP_DUP2, STEP_CHDIR, STEP_EXEC, STEP_REQUEST };
 static const char *const step_names[] = {"connect", "fork", "setsid", "signals", "dup2", "chdir", "exec", "request"};
 
+/* `token` is a checked token, or "-" when the request's own was malformed. */
 static void answer_error(const char *token, int err, int step) {
-  char line[160];
+  char line[TOKEN_LEN + 64];
   const char *name = step >= 0 && step <= STEP_REQUEST ? step_names[step] : "unknown";
   int n = snprintf(line, sizeof line, "E %s %d %s\n", token, err, name);
-  if (n > 0) answer(line, (size_t)n);
+  if (n > 0 && (size_t)n < sizeof line) answer(line, (size_t)n);
 }
 
 /* Reads exactly len bytes from stdin; returns 0 at end of input. */
@@ -169,52 +207,43 @@ static pid_t harness_pid;
 
 /* Opens one connection to the harness and tags it; returns the fd or -1 with errno set.
  *
- * An abstract name has no owner and no permissions: any process on the host (any user) may bind the
- * spelling of it the harness did not bind (padded or exact length), and then receive a gate's stdin
- * and write "go" to it. So a connection counts only when the listening end is the harness itself
- * (SO_PEERCRED gives the pid that called listen()) and the harness is still this process's parent
- * (if it died, no one else may take its launches). Anything else is refused with ECONNREFUSED. */
+ * The socket lives in a directory only the harness's user may enter, but a path can be replaced by
+ * whoever can write its directory: a connection counts only when the listening end is the harness
+ * itself (SO_PEERCRED gives the pid that called listen()) and the harness is still this process's
+ * parent (if it died, no one else may take its launches). Anything else is refused with
+ * ECONNREFUSED. `token` was checked to be TOKEN_LEN hex digits. */
 static int connect_back(const char *token, int stream) {
   struct sockaddr_un addr;
   memset(&addr, 0, sizeof addr);
   addr.sun_family = AF_UNIX;
-  size_t name_len = strlen(socket_name);
-  memcpy(addr.sun_path + 1, socket_name, name_len); /* sun_path[0] == 0: the abstract namespace */
-  /* Node 20 binds an abstract name padded with NULs to the whole of sun_path; newer releases may bind
-   * the exact length. Both are tried, padded first. */
-  socklen_t lengths[2] = {(socklen_t)sizeof addr, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + name_len)};
-  int failure = ECONNREFUSED;
-  for (int i = 0; i < 2; i++) {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    int connected;
-    while ((connected = connect(fd, (struct sockaddr *)&addr, lengths[i])) < 0 && errno == EINTR) {
-    }
-    if (connected < 0) {
-      failure = errno;
-      close(fd);
-      if (failure != ECONNREFUSED && failure != ENOENT) break;
-      continue;
-    }
-    struct ucred peer;
-    socklen_t peer_len = sizeof peer;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.pid != harness_pid || getppid() != harness_pid) {
-      failure = ECONNREFUSED; /* a stranger's socket, or the harness is gone */
-      close(fd);
-      continue;
-    }
-    char tag[128];
-    int n = snprintf(tag, sizeof tag, "%s %d\n", token, stream);
-    if (write(fd, tag, (size_t)n) != n) {
-      int saved = errno == 0 ? EIO : errno;
-      close(fd);
-      errno = saved;
-      return -1;
-    }
-    return fd;
+  memcpy(addr.sun_path, socket_path, strlen(socket_path) + 1); /* its length was checked in main */
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int connected;
+  while ((connected = connect(fd, (struct sockaddr *)&addr, sizeof addr)) < 0 && errno == EINTR) {
   }
-  errno = failure;
-  return -1;
+  if (connected < 0) {
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return -1;
+  }
+  struct ucred peer;
+  socklen_t peer_len = sizeof peer;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.pid != harness_pid || getppid() != harness_pid) {
+    close(fd); /* a stranger's socket, or the harness is gone */
+    errno = ECONNREFUSED;
+    return -1;
+  }
+  char tag[TOKEN_LEN + 8];
+  int n = snprintf(tag, sizeof tag, "%s %d\n", token, stream);
+  if (n < 0 || (size_t)n >= sizeof tag || write(fd, tag, (size_t)n) != n) {
+    int saved = errno == 0 ? EIO : errno;
+    close(fd);
+    errno = saved;
+    return -1;
+  }
+  return fd;
 }
 
 /* In the child, after fork: closes every fd from 3 up but `keep` (the error pipe, close-on-exec), so
@@ -265,6 +294,12 @@ static const char *cell_path(char **envp) {
  * PATH (see cell_path); a failure is reported on the cell's stderr with sh's exit codes (127 not
  * found, 126 otherwise). Never returns. */
 static void run_released(char **argv, char **envp) {
+  /* The release connection stays open as fd 3 (not close-on-exec): the cell's init reports the
+   * cell's wait status on it, and closes it for the cell itself. */
+  if (dup2(0, 3) < 0) {
+    dprintf(2, "cairn-gate: fd 3: %s\n", strerror(errno));
+    _exit(126);
+  }
   int null_fd = open("/dev/null", O_RDONLY);
   if (null_fd < 0 || dup2(null_fd, 0) < 0) {
     dprintf(2, "cairn-gate: /dev/null: %s\n", strerror(errno));
@@ -445,7 +480,7 @@ static void launch(char *frame, uint32_t len) {
   char *fields[4] = {0};
   char **argv = NULL;
   char **envp = NULL;
-  const char *token = "?";
+  const char *token = "-";
 #define NEXT(dst)                                        \
   do {                                                   \
     char *z = memchr(p, 0, (size_t)(end - p));           \
@@ -454,17 +489,19 @@ static void launch(char *frame, uint32_t len) {
     p = z + 1;                                           \
   } while (0)
   NEXT(fields[0]);
+  if (!valid_token(fields[0])) goto malformed;
   token = fields[0];
   NEXT(fields[1]); /* cwd */
-  NEXT(fields[2]); /* argc */
-  long argc = strtol(fields[2], NULL, 10);
-  if (argc < 1 || argc > (long)len) goto malformed;
+  if (fields[1][0] != '/') goto malformed;
+  NEXT(fields[2]); /* argc: every argument takes at least its NUL */
+  long argc = parse_count(fields[2], (long)(end - p));
+  if (argc < 1) goto malformed;
   argv = calloc((size_t)argc + 1, sizeof(char *));
   if (argv == NULL) die("calloc");
   for (long i = 0; i < argc; i++) NEXT(argv[i]);
   NEXT(fields[3]); /* envc */
-  long envc = strtol(fields[3], NULL, 10);
-  if (envc < 0 || envc > (long)len) goto malformed;
+  long envc = parse_count(fields[3], (long)(end - p));
+  if (envc < 0) goto malformed;
   envp = calloc((size_t)envc + 1, sizeof(char *));
   if (envp == NULL) die("calloc");
   for (long i = 0; i < envc; i++) {
@@ -473,6 +510,7 @@ static void launch(char *frame, uint32_t len) {
     envp[i] = p;
     p = z + 1;
   }
+  if (p != end) goto malformed; /* bytes after the last string: out of step */
 #undef NEXT
 
   int fds[3] = {-1, -1, -1};
@@ -535,16 +573,137 @@ static void launch(char *frame, uint32_t len) {
 malformed:
   free(argv);
   free(envp);
-  fprintf(stderr, "cairn-launcher: malformed request (token %s)\n", token);
+  fprintf(stderr, "cairn-launcher: malformed request refused\n");
   answer_error(token, EINVAL, STEP_REQUEST);
 }
 
+/* A size or count option of init: decimal digits, at least 1. */
+static int parse_limit(const char *s, rlim_t *out) {
+  if (s == NULL || *s == 0 || strlen(s) > 19) return -1;
+  rlim_t v = 0;
+  for (const char *p = s; *p; p++) {
+    if (*p < '0' || *p > '9') return -1;
+    v = v * 10 + (rlim_t)(*p - '0');
+  }
+  if (v == 0) return -1;
+  *out = v;
+  return 0;
+}
+
+/* Lowers a resource limit to `value` (never above the hard limit this process has). */
+static int lower_limit(int resource, rlim_t value) {
+  struct rlimit now;
+  if (getrlimit(resource, &now) < 0) return -1;
+  if (now.rlim_max != RLIM_INFINITY && value > now.rlim_max) value = now.rlim_max;
+  struct rlimit lim = {value, value};
+  return setrlimit(resource, &lim);
+}
+
+/* Writes the cell's wait status to the harness (fd 3), once; the harness reads it before fd 3 closes. */
+static void report_status(int status_fd, int status) {
+  if (status_fd < 0) return;
+  char line[32];
+  int n = snprintf(line, sizeof line, "X %d\n", status);
+  if (n > 0 && (size_t)n < sizeof line) (void)!write(status_fd, line, (size_t)n);
+}
+
+/* `cairn-launcher init ...`: see the header. Never returns to main. */
+static int run_init(int argc, char **argv) {
+  int pid1 = 0;
+  rlim_t nproc = 0, data = 0;
+  int i = 2;
+  for (; i < argc; i++) {
+    if (strcmp(argv[i], "--") == 0) {
+      i++;
+      break;
+    } else if (strcmp(argv[i], "--pid1") == 0) {
+      pid1 = 1;
+    } else if (strcmp(argv[i], "--nproc") == 0 && i + 1 < argc) {
+      if (parse_limit(argv[++i], &nproc) < 0) goto usage;
+    } else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) {
+      if (parse_limit(argv[++i], &data) < 0) goto usage;
+    } else {
+      goto usage;
+    }
+  }
+  if (i >= argc) goto usage;
+  char **cell = argv + i;
+
+  prctl(PR_SET_NAME, "cairn-init", 0, 0, 0);
+  /* fd 3 is the harness's end when the gate kept it; the cell itself must never inherit it. */
+  int status_fd = fcntl(3, F_GETFD) >= 0 ? 3 : -1;
+  if (status_fd >= 0 && fcntl(status_fd, F_SETFD, FD_CLOEXEC) < 0) status_fd = -1;
+  if (nproc > 0 && lower_limit(RLIMIT_NPROC, nproc) < 0) {
+    dprintf(2, "cairn: could not set the process limit: %s\n", strerror(errno));
+    return 126;
+  }
+  if (data > 0 && lower_limit(RLIMIT_DATA, data) < 0) {
+    dprintf(2, "cairn: could not set the memory limit: %s\n", strerror(errno));
+    return 126;
+  }
+  /* No core files from a cell killed by a signal (they would land in its workspace). */
+  struct rlimit no_core = {0, 0};
+  setrlimit(RLIMIT_CORE, &no_core);
+
+  static const int passed_on[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+  sigset_t handled, none;
+  sigemptyset(&handled);
+  sigemptyset(&none);
+  sigaddset(&handled, SIGCHLD);
+  for (size_t k = 0; k < sizeof passed_on / sizeof passed_on[0]; k++) sigaddset(&handled, passed_on[k]);
+  if (sigprocmask(SIG_BLOCK, &handled, NULL) < 0) return 126;
+  int sfd = signalfd(-1, &handled, SFD_CLOEXEC);
+  if (sfd < 0) return 126;
+
+  pid_t child = fork();
+  if (child < 0) {
+    dprintf(2, "cairn: fork: %s\n", strerror(errno));
+    return 126;
+  }
+  if (child == 0) {
+    close(sfd);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    execvp(cell[0], cell);
+    int err = errno;
+    dprintf(2, "cairn: %s: %s\n", cell[0], strerror(err));
+    _exit(err == ENOENT || err == ENOTDIR ? 127 : 126);
+  }
+  for (;;) {
+    struct signalfd_siginfo info;
+    ssize_t n = read(sfd, &info, sizeof info);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != (ssize_t)sizeof info) return 126;
+    if (info.ssi_signo != SIGCHLD) {
+      /* As the namespace's first process, every process in it gets the stop (kill(-1) spares the
+       * sender); outside a namespace the signal reached the cell's group already. */
+      if (pid1) kill(-1, (int)info.ssi_signo);
+      continue;
+    }
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      if (pid != child) continue; /* an orphan, reaped */
+      report_status(status_fd, status);
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      if (pid1) return 128 + WTERMSIG(status); /* the first process of a namespace cannot raise one */
+      signal(WTERMSIG(status), SIG_DFL);
+      sigprocmask(SIG_SETMASK, &none, NULL);
+      raise(WTERMSIG(status));
+      return 128 + WTERMSIG(status);
+    }
+  }
+usage:
+  fprintf(stderr, "usage: cairn-launcher init [--pid1] [--nproc N] [--data BYTES] -- PROGRAM [ARGS...]\n");
+  return 2;
+}
+
 int main(int argc, char **argv) {
-  if (argc != 2 || argv[1][0] == 0 || strlen(argv[1]) > sizeof(((struct sockaddr_un *)0)->sun_path) - 2) {
-    fprintf(stderr, "usage: cairn-launcher SOCKET-NAME (an abstract Unix socket name, without the leading NUL)\n");
+  if (argc >= 2 && strcmp(argv[1], "init") == 0) return run_init(argc, argv);
+  if (argc != 2 || argv[1][0] != '/' || strlen(argv[1]) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+    fprintf(stderr, "usage: cairn-launcher SOCKET-PATH (an absolute path of at most 107 bytes), or cairn-launcher init ...\n");
     return 2;
   }
-  socket_name = argv[1];
+  socket_path = argv[1];
   harness_pid = getppid();
   argv_area = argv[0];
   argv_area_len = (size_t)(argv[argc - 1] + strlen(argv[argc - 1]) + 1 - argv[0]);

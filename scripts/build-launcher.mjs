@@ -24,7 +24,7 @@ const mtime = (p) => {
 };
 
 if (process.platform !== "linux") {
-  console.warn(`cairn: the cell launcher is built for Linux only (this is ${process.platform}); cells will be started with Node's spawn`);
+  console.warn(`cairn: the cell launcher is built for Linux only (this is ${process.platform}); this machine can read and serve databases but not run cells`);
   process.exit(0);
 }
 if (mtime(source) === null) process.exit(0); // an install without the native source: nothing to build
@@ -34,11 +34,12 @@ if (ifStale) {
 }
 mkdirSync(dirname(target), { recursive: true });
 const cc = process.env.CC || "cc";
-const args = ["-O2", "-Wall", "-Wextra", "-std=c11", "-o", target, source];
+export const HARDENING = ["-fstack-protector-strong", "-D_FORTIFY_SOURCE=2", "-fPIE", "-pie", "-Wl,-z,relro,-z,now"];
+const args = ["-O2", "-Wall", "-Wextra", "-std=c11", ...HARDENING, "-o", target, source];
 const r = spawnSync(cc, args, { stdio: ["ignore", "inherit", "inherit"] });
 if (r.status !== 0) {
   const why = r.error ? `${cc} could not be run (${r.error.message})` : `${cc} ${args.join(" ")} failed`;
-  const msg = `cairn: building the cell launcher failed: ${why}. Cairn will start cells with Node's spawn (slower); install a C compiler (Debian: apt-get install gcc) and run \`node scripts/build-launcher.mjs\` to build it.`;
+  const msg = `cairn: building the cell launcher failed: ${why}. Without it no cell can run; install a C compiler (Debian: apt-get install gcc libc6-dev) and run \`node scripts/build-launcher.mjs\` to build it.`;
   if (strict) {
     console.error(msg);
     process.exit(1);

@@ -24,9 +24,13 @@ import type { SessionProjection } from "../state/projection.js";
 import type { HeldLease, Storage } from "../storage/contract.js";
 import { StorageRejected } from "../storage/errors.js";
 import type { ProgressView } from "./progress.js";
+import { CELL_FLAGS, CELL_HELP, cellNetwork, sandboxOptions, storageSecrets } from "./cells.js";
+import { chooseSandbox } from "../exec/sandbox.js";
+import type { SandboxOptions } from "../harness/boundary.js";
 
 const RUN_FLAGS = {
   ...STORAGE_FLAGS,
+  ...CELL_FLAGS,
   model: { type: "string" },
   "base-url": { type: "string" },
   cwd: { type: "string" },
@@ -67,7 +71,8 @@ ${MODEL_HELP}
   --max-tokens N          ... after N tokens in and out
   --max-wall DURATION     ... after this much wall time (90s, 15m, 2h, 1d)
   --session ID            the run's id (letters, digits, . _ -; not s1, s2... which Cairn assigns):
-                          the same command again continues or reports that run, never a second one`;
+                          the same command again continues or reports that run, never a second one
+${CELL_HELP}`;
 
 const RESUME_HELP = `usage: cairn resume --db NAME --model SPEC [flags]
 
@@ -75,7 +80,8 @@ Continues every unfinished run in database NAME (on this machine or, with replic
 other). Takes no goal. Cells that were running when the last owner died are reported to the model
 as UnknownExecution and never re-run.
 ${STORAGE_HELP}
-${MODEL_HELP}`;
+${MODEL_HELP}
+${CELL_HELP}`;
 
 export async function runCommand(argv: readonly string[], io: Io): Promise<number> {
   const p = parse("run", argv, RUN_FLAGS);
@@ -95,7 +101,8 @@ export async function runCommand(argv: readonly string[], io: Io): Promise<numbe
     const bad = checkUserSessionId(chosen);
     if (bad !== null) throw new UsageError(`cairn run: ${bad}`);
   }
-  const request = { goal, validators, budgets };
+  const network = cellNetwork(p, "run", io.env);
+  const request = { goal, validators, budgets, ...(network === "host" ? { cell_network: "host" as const } : {}) };
   return drive("run", p, io, { request, cwd, session: chosen });
 }
 
@@ -172,8 +179,15 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
   const limits = modelLimits(p, command);
   const faults = chaosFaults(io.env);
   let choice: StorageChoice;
+  let sandbox: SandboxOptions;
   try {
     choice = await chooseStorage(p, command, io.env, logger);
+    sandbox = sandboxOptions(p, command, io.env, "auto", [choice.dataDir, ...storageSecrets(io.env)]);
+    // Said once, before anything is opened: `required` without a sandbox stops here (exit 2).
+    const chosen = chooseSandbox(sandbox.mode ?? "auto");
+    if (chosen.kind === "none" && sandbox.mode !== "none") {
+      io.err(`cairn: warning: cells will run WITHOUT a sandbox (${chosen.reason}): they can read and write what this user can, reach the network and this host's services. Install bubblewrap (apt-get install bubblewrap) to contain them, or pass --sandbox required to refuse to run without one.`);
+    }
   } catch (err) {
     await model.close?.().catch(() => undefined);
     throw err;
@@ -247,7 +261,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
     if (lease === null) return interrupted ?? outcome ?? EXIT.ok;
     const held = lease;
     try {
-      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, create: command === "run", logger, limits, submitCwd: plan?.cwd ?? process.cwd(), ...(faults ? { faults } : {}) });
+      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, create: command === "run", logger, limits, sandbox, submitCwd: plan?.cwd ?? process.cwd(), ...(faults ? { faults } : {}) });
     } catch (err) {
       if (held !== "no-leases") await held.release();
       lease = null;
@@ -261,7 +275,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
         void harness.close();
       });
     }
-    say(`cairn: database "${name}" (${choice.describe}), epoch ${harness.epoch}, model ${model.name}`);
+    say(`cairn: database "${name}" (${choice.describe}), epoch ${harness.epoch}, model ${model.name}, cells ${harness.sandbox.kind === "bwrap" ? "sandboxed (bubblewrap)" : "NOT sandboxed"}`);
     unfollow = followProgress(harness, json, io.out);
     // Recovery of every unfinished run (survivors stopped) comes before anything new launches.
     const r = await harness.resume();
@@ -277,7 +291,14 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
         // Exists, or waits in the mailbox: the drain at open starts it; wait for it below.
         if (!sessions.includes(session)) sessions.push(session);
       } else {
-        const id = await harness.start({ goal: plan.request.goal, cwd: plan.cwd, validators: plan.request.validators, budgets: plan.request.budgets, ...(session !== undefined ? { id: session } : {}) });
+        const id = await harness.start({
+          goal: plan.request.goal,
+          cwd: plan.cwd,
+          validators: plan.request.validators,
+          budgets: plan.request.budgets,
+          ...(plan.request.cell_network !== undefined ? { cellNetwork: plan.request.cell_network } : {}),
+          ...(session !== undefined ? { id: session } : {}),
+        });
         sessions.push(id);
       }
     }

@@ -24,9 +24,12 @@ import { closeOwner, describeHolder, envName, fillFromEnv, takeLease } from "./o
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 import { createTimelineHandler } from "../ui/server.js";
 import { hasCode } from "../errors.js";
+import { CELL_FLAGS, CELL_HELP, sandboxOptions, storageSecrets } from "./cells.js";
+import { chooseSandbox } from "../exec/sandbox.js";
 
 export const SERVE_FLAGS = {
   ...STORAGE_FLAGS,
+  ...CELL_FLAGS,
   model: { type: "string" },
   "base-url": { type: "string" },
   "model-timeout": { type: "string" },
@@ -63,6 +66,7 @@ ${STORAGE_HELP}
                           long after the owner stopped renewing
   --fenced-linger DURATION  how long a fenced worker keeps answering before exit 3 (default 30s)
   --log-level LEVEL       default info; JSON lines on stderr (human-readable on a terminal)
+${CELL_HELP.replace("auto (default for run and resume)", "auto").replace("required (default for serve)", "required (the default here)")}
 
 Every flag can also come from the environment: CAIRN_ + the flag in upper case with underscores
 (CAIRN_DB, CAIRN_MODEL, CAIRN_LISTEN, CAIRN_DATA_DIR, CAIRN_TAKEOVER=true, ...; --etcd is
@@ -110,8 +114,14 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   const model = makeModel(p, "serve", io.env);
   const limits = modelLimits(p, "serve");
   let choice;
+  let sandbox;
   try {
     choice = await chooseStorage(p, "serve", io.env, logger);
+    // A worker runs cells nobody watches: without a sandbox it refuses to start unless told --sandbox none.
+    sandbox = sandboxOptions(p, "serve", io.env, "required", [choice.dataDir, ...storageSecrets(io.env)]);
+    if (chooseSandbox(sandbox.mode ?? "required").kind === "none") {
+      io.err("cairn: warning: --sandbox none: cells run with this worker's full reach (its files, network, credentials on disk, other processes)");
+    }
   } catch (err) {
     await model.close?.().catch(() => undefined);
     throw err;
@@ -208,7 +218,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     }
     const held = lease;
     try {
-      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, logger, metrics, create, submitCwd: cwd, limits, ...(faults ? { faults } : {}) });
+      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, logger, metrics, create, submitCwd: cwd, limits, sandbox, ...(faults ? { faults } : {}) });
     } catch (err) {
       if (held !== "no-leases") await held.release();
       lease = null;

@@ -2,7 +2,9 @@
  * The one place that picks a concrete Storage adapter from flags and the environment.
  */
 import { existsSync, statSync } from "node:fs";
-import { resolve } from "node:path";
+import { homedir } from "node:os";
+import { join, resolve } from "node:path";
+import { ensurePrivateDir } from "../exec/private.js";
 import type { AdapterName, Storage } from "../storage/contract.js";
 import { isValidDatabaseName } from "../storage/semantics.js";
 import { storageFaultsFromEnv } from "../storage/chaos-fault.js";
@@ -27,7 +29,9 @@ export const STORAGE_FLAGS = {
 
 export const STORAGE_HELP = `  --db NAME               the database (one per harness), e.g. harness-1
   --storage KIND          memory | sqlite | replicated | durable-streams (default sqlite)
-  --data-dir DIR          where local files live (default ./.cairn)
+  --data-dir DIR          where local files live, made private (0700) (CAIRN_DATA_DIR; default
+                          $XDG_STATE_HOME/cairn, i.e. ~/.local/state/cairn: outside every
+                          workspace; a ./.cairn made by an older version is still used)
   --etcd URLS             replicated: comma-separated etcd endpoints (or CAIRN_ETCD_ENDPOINTS);
                           credentials from CAIRN_ETCD_USER / CAIRN_ETCD_PASSWORD, TLS from
                           CAIRN_ETCD_CA / CAIRN_ETCD_CERT / CAIRN_ETCD_KEY
@@ -49,6 +53,19 @@ export interface StorageChoice {
   readonly describe: string;
 }
 
+/**
+ * Where local files live when no --data-dir is given: CAIRN_DATA_DIR, else a ./.cairn an older
+ * version made here (its databases stay where they are), else the user's state dir, outside any
+ * workspace a cell could write.
+ */
+export function defaultDataDir(env: NodeJS.ProcessEnv, cwd: string = process.cwd()): string {
+  if (env.CAIRN_DATA_DIR !== undefined && env.CAIRN_DATA_DIR !== "") return resolve(env.CAIRN_DATA_DIR);
+  const legacy = join(cwd, ".cairn");
+  if (statSync(legacy, { throwIfNoEntry: false })?.isDirectory() === true) return legacy;
+  const state = env.XDG_STATE_HOME !== undefined && env.XDG_STATE_HOME !== "" ? env.XDG_STATE_HOME : join(env.HOME ?? homedir(), ".local", "state");
+  return join(state, "cairn");
+}
+
 export function dbName(p: Parsed, command: string): string {
   const db = str(p, "db");
   if (db === undefined || db === "") throw new UsageError(`cairn ${command}: --db is required (the database name, e.g. --db harness-1).`);
@@ -59,7 +76,7 @@ export function dbName(p: Parsed, command: string): string {
 /** Picks the adapter. The replicated one (and its gRPC client) is loaded only when chosen. */
 export async function chooseStorage(p: Parsed, command: string, env: NodeJS.ProcessEnv, logger?: Logger): Promise<StorageChoice> {
   const kind = str(p, "storage") ?? "sqlite";
-  const dataDir = resolve(str(p, "data-dir") ?? "./.cairn");
+  const dataDir = resolve(str(p, "data-dir") ?? defaultDataDir(env));
   const leaseText = str(p, "lease") ?? env.CAIRN_LEASE;
   const leaseMs = leaseText === undefined || leaseText === "" ? undefined : Math.round(durationSeconds(command, "lease", leaseText) * 1000);
   if (leaseMs !== undefined && leaseMs < 1000) throw new UsageError(`cairn ${command}: --lease (CAIRN_LEASE) must be at least 1s, got "${leaseText}".`);
@@ -74,6 +91,14 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
   const faultHook = storageFaultsFromEnv(env);
   const faults = faultHook ? { faults: faultHook } : {};
   if (existsSync(dataDir) && !statSync(dataDir).isDirectory()) throw new UsageError(`cairn ${command}: --data-dir ${dataDir} is a file, not a directory; name a directory (it is created when missing).`);
+  // Only this user may enter it: the databases, the local copy, leases and snapshots are inside.
+  if (kind !== "memory") {
+    try {
+      ensurePrivateDir(dataDir);
+    } catch (err) {
+      throw new UsageError(`cairn ${command}: the data dir ${dataDir} cannot be used: ${(err as Error).message}`);
+    }
+  }
   if (kind === "memory") {
     const storage = createMemoryStorage(faults);
     return { storage, adapter: storage.adapter, dataDir, describe: "memory (nothing survives this process)" };

@@ -13,6 +13,7 @@ import { liveHolder, describeHolder } from "./owner.js";
 import { lookUp, postStart, readBudgets } from "./run.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 import { sameRequest } from "../harness/start-request.js";
+import { cellNetwork } from "./cells.js";
 
 const HELP = `usage: cairn submit GOAL --db NAME [--session ID] [--validator "CMD ARGS"]... [--max-rounds N]
                    [--max-tokens N] [--max-wall DURATION]
@@ -24,6 +25,7 @@ settings and --cwd; while nobody owns NAME the request waits. Creates NAME when 
                           or s-..., which Cairn assigns). Submitting the same id and request again
                           prints the id and changes nothing; another request under that id is refused.
   --validator, --max-rounds, --max-tokens, --max-wall   as for cairn run
+  --cell-network host     this run's cells get the host's network (default: the worker's setting)
 ${STORAGE_HELP}`;
 
 export async function submitCommand(argv: readonly string[], io: Io): Promise<number> {
@@ -34,6 +36,7 @@ export async function submitCommand(argv: readonly string[], io: Io): Promise<nu
     "max-rounds": { type: "string" },
     "max-tokens": { type: "string" },
     "max-wall": { type: "string" },
+    "cell-network": { type: "string" },
   });
   if (p.values.help) {
     io.out(HELP);
@@ -48,7 +51,8 @@ export async function submitCommand(argv: readonly string[], io: Io): Promise<nu
     const bad = checkUserSessionId(chosen);
     if (bad !== null) throw new UsageError(`cairn submit: ${bad}`);
   }
-  const request = { goal, validators: list(p, "validator").map((v) => splitCommand("submit", v)), budgets: readBudgets(p, "submit") };
+  const network = cellNetwork(p, "submit", io.env);
+  const request = { goal, validators: list(p, "validator").map((v) => splitCommand("submit", v)), budgets: readBudgets(p, "submit"), ...(network === "host" ? { cell_network: "host" as const } : {}) };
   const choice = await chooseStorage(p, "submit", io.env);
   try {
     const session = chosen ?? assignedSubmitId();

@@ -11,7 +11,7 @@ const HELP = `usage: cairn timer --id ID (--in DURATION | --at ISO-TIME) [--note
 
 Inside a running cell: asks the harness to wake the model when the timer is due. The registration
 is committed before this command returns; after a restart the timer fires exactly once, late rather
-than never. Reads CAIRN_TIMER_SOCKET, CAIRN_SESSION and CAIRN_CELL, which the harness sets.`;
+than never. Reads CAIRN_TIMER_SOCKET and CAIRN_CELL_TOKEN, which the harness sets for each cell.`;
 
 export async function timerCommand(argv: readonly string[], io: Io): Promise<number> {
   const p = parse("timer", argv, { id: { type: "string" }, in: { type: "string" }, at: { type: "string" }, note: { type: "string" } });
@@ -21,13 +21,12 @@ export async function timerCommand(argv: readonly string[], io: Io): Promise<num
   }
   const id = required(p, "timer", "id", "a name for this timer, unique in the run");
   const socket = io.env.CAIRN_TIMER_SOCKET;
-  const session = io.env.CAIRN_SESSION;
-  if (!socket || !session) throw new UsageError("cairn timer runs inside a cell: CAIRN_TIMER_SOCKET and CAIRN_SESSION are not set.");
+  const token = io.env.CAIRN_CELL_TOKEN;
+  if (!socket || !token) throw new UsageError("cairn timer runs inside a cell: CAIRN_TIMER_SOCKET and CAIRN_CELL_TOKEN are not set.");
   const inStr = str(p, "in");
   const at = str(p, "at");
   if ((inStr === undefined) === (at === undefined)) throw new UsageError("cairn timer: give exactly one of --in DURATION or --at ISO-TIME.");
-  const req: Record<string, unknown> = { session, timer_id: id };
-  if (io.env.CAIRN_CELL) req.cell = Number(io.env.CAIRN_CELL);
+  const req: Record<string, unknown> = { token, op: "timer", timer_id: id };
   if (inStr !== undefined) req.delay_seconds = durationSeconds("timer", "in", inStr);
   if (at !== undefined) req.due_at = at;
   const note = str(p, "note");

@@ -1,32 +1,60 @@
 /**
- * The executor: runs one cmd or script cell in its own process group, behind a gate.
+ * The executor: runs one cmd or script cell in its own process group, behind a gate, inside the cell
+ * boundary (sandbox.ts).
  *
- * `prepare` spawns a tiny gate (a process blocked reading its stdin: the native launcher's own fork,
- * or `/bin/sh` with Node's spawn; see launcher.ts) in a new session and process group, and returns the gate's identity (pid, pgid, start time) BEFORE any of the cell's code runs.
- * The harness commits `execution_started` with that identity, then calls `release()`: the gate reads
- * "go" and `exec`s the cell's argv, keeping the same pid, process group and start time. If the
- * harness dies before releasing, the gate reads end-of-file and exits 125: nothing ran.
+ * `prepare` starts a tiny gate (the native launcher's forked child, blocked reading its stdin; see
+ * launcher.ts) in a new session and process group, and returns the gate's identity (pid, pgid, start
+ * time) BEFORE any of the cell's code runs. The harness commits `execution_started` with that
+ * identity, then calls `release()`: the gate reads "go" and execs the cell's init (native/launcher.c,
+ * `init`), inside a bubblewrap sandbox or not, keeping the same pid, process group and start time;
+ * the init runs the cell. If the harness dies before releasing, the gate reads end-of-file and exits
+ * 125: nothing ran.
  *
- * The gate is started by a {@link GateLauncher} (launcher.ts): the small native launcher when it is
- * built, which spares this process a fork of itself per cell, or else Node's own `spawn` (`detached`
- * for setsid, three socket pairs). Not execa: the gate uses none of its conveniences (no buffering,
- * no promise result, no exit hook, no kill or timeout, which would reach only the direct child), and
- * its wrapping cost 2 to 3 ms of the harness's CPU per launch. Stopping uses our own group signals:
- * a cell's grandchildren must stop with it.
+ * What a cell gets, besides its argv: an environment from an allow-list (environment.ts), never the
+ * harness's own; a cgroup of its own with memory and process limits where the machine allows it,
+ * else rlimits set by its init (cgroup.ts); in the sandbox, its workspace writable, the rest of the
+ * root read-only, the paths the harness names hidden, no network unless asked, and a PID namespace
+ * whose first process is its init, so nothing it starts outlives it.
  *
- * No exit hook kills children when this process exits: a surviving group is found and stopped by the
- * next process with `stopSurvivor` (identity.ts), which is what durability requires.
+ * Stopping uses our own group signals (SIGTERM, grace, SIGKILL to the gate's group): a cell's
+ * grandchildren must stop with it. No exit hook kills children when this process exits: a surviving
+ * group is found and stopped by the next process with `stopSurvivor` (identity.ts), which is what
+ * durability requires.
  */
 import { statSync } from "node:fs";
+import { basename, resolve } from "node:path";
 import { CairnError } from "../errors.js";
 import type { ProcessIdentity } from "../state/projection.js";
+import { type CellLimits, DEFAULT_CELL_LIMITS, detectCgroups, formatBytes, type CellCgroup, type CellCgroups } from "./cgroup.js";
+import { cellEnvironment } from "./environment.js";
 import { terminateGroup } from "./group.js";
 import { bootId, hostName } from "./identity.js";
 import { type LaunchCell, probePythonVersion, resolveLaunch } from "./launch.js";
-import { type GateLauncher, gateLauncher } from "./launcher.js";
+import { type GateLauncher, decodeWaitStatus, gateLauncher, nativeLauncherPath } from "./launcher.js";
 import { type OutputChunk, OutputCapture } from "./output.js";
 import { liveGroupMembers, readProcStat } from "./procfs.js";
+import { type CellNetwork, SANDBOX_RUN_DIR, bwrapArgv, existingPaths } from "./sandbox.js";
 import { which as defaultWhich } from "./which.js";
+
+/** Where, and within what, a cell runs. */
+export interface CellBoundary {
+  /** The sandbox: bubblewrap at a path, or none (the harness's user's reach). */
+  readonly sandbox: { readonly kind: "bwrap"; readonly bwrap: string } | { readonly kind: "none" };
+  /** Inside the sandbox: no network (`off`) or the host's. Without a sandbox, always the host's. */
+  readonly network: CellNetwork;
+  /** Host paths the cell must not see (its harness's data and runtime dirs, other runs' workspaces, credentials). */
+  readonly hide: readonly string[];
+  /** The cell API socket (`cairn timer` and friends) on the host: the cell finds it in CAIRN_TIMER_SOCKET. */
+  readonly socket?: string;
+  /** A directory holding the `cairn` command for cells: put first on the cell's PATH. */
+  readonly binDir?: string;
+  /** Names of the harness's environment variables passed on to cells, besides the allow-list. */
+  readonly passEnv: readonly string[];
+  readonly limits: CellLimits;
+}
+
+/** No sandbox, the host's network, the default limits: what a launch without a boundary gets. */
+export const UNSANDBOXED: CellBoundary = { sandbox: { kind: "none" }, network: "host", hide: [], passEnv: [], limits: DEFAULT_CELL_LIMITS };
 
 /** One cell launch. */
 export interface LaunchSpec {
@@ -36,8 +64,10 @@ export interface LaunchSpec {
   cwd: string;
   /** Where script files are written (e.g. `<dataDir>/scripts/<session>`); created if missing. */
   scriptDir: string;
-  /** Extra environment on top of this process's (the harness adds CAIRN_TIMER_SOCKET etc.). */
+  /** Environment of the cell besides the allow-list and the boundary's (the harness adds CAIRN_SESSION etc.). */
   env?: Record<string, string>;
+  /** Sandbox, network, hidden paths, limits. Default {@link UNSANDBOXED}. */
+  boundary?: CellBoundary;
   /** Wall-time limit from release, in ms. */
   wallTimeMs: number;
   /** Total captured bytes (stdout + stderr); past it output is dropped, counted and marked. */
@@ -92,8 +122,10 @@ export interface ExecutorOptions {
   now?: () => number;
   /** SIGTERM-to-SIGKILL grace when stopping a group (stop, wall time, leftovers). Default 2000 ms. */
   killGraceMs?: number;
-  /** What starts the gate processes. Default: this process's {@link gateLauncher} (native when built). */
+  /** What starts the gate processes. Default: this process's {@link gateLauncher}. */
   launcher?: GateLauncher;
+  /** Cell cgroups. Default: {@link detectCgroups} (null where they cannot be made: rlimits then). */
+  cgroups?: CellCgroups | null;
 }
 
 /** The executor handed to the harness. */
@@ -105,18 +137,8 @@ export interface Executor {
 /** Exit code of a gate that was closed without being released. */
 export const GATE_NOT_RELEASED_EXIT = 125;
 
-/**
- * The harness's own secrets and test hooks, never handed to agent code: the model keys, the etcd
- * credentials, and the chaos kill point.
- */
-export const WITHHELD_FROM_CELLS: readonly string[] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "CAIRN_ETCD_PASSWORD", "CAIRN_ETCD_USER", "CAIRN_CHAOS_KILL_AT", "CAIRN_CHAOS_STORAGE_FAULT"];
-
-/** This process's environment less what cells must not see. */
-export function cellBaseEnv(env: NodeJS.ProcessEnv): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const [k, v] of Object.entries(env)) if (v !== undefined && !WITHHELD_FROM_CELLS.includes(k)) out[k] = v;
-  return out;
-}
+/** How often a running cell's init is checked for having been stopped (see release). */
+const INIT_WATCH_MS = 1000;
 
 /** How long to wait for the output pipes to close after the whole group is gone, before giving up on them. */
 const PIPE_DRAIN_MS = 2000;
@@ -153,7 +175,8 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
   const whichFn = opts.which ?? ((cmd: string) => defaultWhich(cmd));
   const now = opts.now ?? Date.now;
   const killGraceMs = opts.killGraceMs ?? 2000;
-  const launcher = opts.launcher ?? gateLauncher();
+  let launcher: GateLauncher | null = opts.launcher ?? null;
+  const cgroups = opts.cgroups === undefined ? detectCgroups() : opts.cgroups;
   const pythonVersions = new Map<string, Promise<string | null>>();
   const pythonVersion = (python3: string): Promise<string | null> => {
     let v = pythonVersions.get(python3);
@@ -180,6 +203,53 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
 
     const resolved = await resolveLaunch(spec.cell, { cellId: spec.cellId, cwd: spec.cwd, scriptDir: spec.scriptDir }, { which: whichFn, pythonVersion });
     if (!resolved.ok) return unlaunchable(resolved.detail);
+    launcher ??= gateLauncher();
+    const boundary = spec.boundary ?? UNSANDBOXED;
+    const init = nativeLauncherPath();
+    if (init === null) throw new CairnError("config", "the cell launcher build/cairn-launcher is not built");
+    const sandboxed = boundary.sandbox.kind === "bwrap";
+    // Limits: the cell's own cgroup where one can be made, else rlimits its init sets.
+    let group: CellCgroup | null = null;
+    try {
+      group = cgroups?.create(boundary.limits) ?? null;
+    } catch (err) {
+      return unlaunchable(`the cell's cgroup could not be created (${(err as Error).message.slice(0, 200)})`);
+    }
+    const initArgs = group !== null ? [] : ["--nproc", String(boundary.limits.processes), "--data", String(boundary.limits.memoryBytes)];
+    const socketInside = `${SANDBOX_RUN_DIR}/cairn.sock`;
+    const binInside = `${SANDBOX_RUN_DIR}/bin`;
+    const fixed: Record<string, string> = { ...resolved.env, ...spec.env };
+    if (boundary.socket !== undefined) fixed.CAIRN_TIMER_SOCKET = sandboxed ? socketInside : boundary.socket;
+    if (sandboxed) {
+      fixed.HOME = "/tmp";
+      fixed.TMPDIR = "/tmp";
+    } else if (process.env.HOME !== undefined) fixed.HOME = process.env.HOME;
+    const env = cellEnvironment(process.env, boundary.passEnv, fixed);
+    if (boundary.binDir !== undefined) env.PATH = `${sandboxed ? binInside : boundary.binDir}:${env.PATH}`;
+    let argv = resolved.argv;
+    if (sandboxed) {
+      const binds: { src: string; dest: string; writable?: boolean }[] = [];
+      if (resolved.script !== undefined) {
+        const inside = `${SANDBOX_RUN_DIR}/${basename(resolved.script.path)}`;
+        binds.push({ src: resolved.script.path, dest: inside });
+        argv = argv.map((a) => (a === resolved.script?.path ? inside : a));
+      }
+      if (boundary.socket !== undefined) binds.push({ src: boundary.socket, dest: socketInside, writable: true });
+      if (boundary.binDir !== undefined) binds.push({ src: boundary.binDir, dest: binInside });
+      argv = bwrapArgv({
+        bwrap: boundary.sandbox.bwrap,
+        init,
+        cwd: resolve(spec.cwd),
+        network: boundary.network,
+        hide: existingPaths(boundary.hide),
+        binds,
+        tmpBytes: boundary.limits.memoryBytes,
+        initArgs,
+        argv,
+      });
+    } else {
+      argv = [init, "init", ...initArgs, "--", ...argv];
+    }
 
     const capture = new OutputCapture({
       limitBytes: spec.outputLimitBytes,
@@ -188,11 +258,22 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     });
     // An argv the kernel or Node refuses (a NUL byte, an argument over MAX_ARG_STRLEN, a command line
     // over ARG_MAX) must end as an execution that could not start, never as a launch that hangs.
-    // The environment is exactly this (never merged with this process's again): cellBaseEnv withholds
-    // the harness's secrets.
-    const started = await launcher.start({ argv: resolved.argv, cwd: spec.cwd, env: { ...cellBaseEnv(process.env), ...resolved.env, ...spec.env } });
-    if (!started.ok) return unlaunchable(`the process could not be started: ${spawnErrorWords(started.error)}`);
+    const started = await launcher.start({ argv, cwd: spec.cwd, env });
+    if (!started.ok) {
+      await group?.close();
+      return unlaunchable(`the process could not be started: ${spawnErrorWords(started.error)}`);
+    }
     const child = started.gate;
+    if (group !== null) {
+      try {
+        // Before release: everything the cell starts is born inside its group.
+        group.add(child.pid);
+      } catch (err) {
+        await terminateGroup(child.pid, { graceMs: 0 });
+        await group.close();
+        return unlaunchable(`the cell could not be put in its cgroup (${(err as Error).message.slice(0, 200)})`);
+      }
+    }
     child.stdin.on("error", () => undefined);
     const pid = child.pid;
     // The native launcher read the gate's identity right after its setsid; Node's spawn did not.
@@ -209,6 +290,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     let stopReason: "cancelled" | "shutdown" | "abort" | null = null;
     let timedOut = false;
     let wallTimer: NodeJS.Timeout | null = null;
+    let initWatch: NodeJS.Timeout | null = null;
     let killing: Promise<unknown> | null = null;
     const killGroup = (graceMs: number): Promise<unknown> => {
       killing ??= terminateGroup(pid, { graceMs });
@@ -228,11 +310,16 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
       }),
     );
     const done = (async (): Promise<ExecutionOutcome> => {
-      const { code, signal, lost } = await child.exited;
+      const leader = await child.exited;
+      // The cell's own status, as its init reported it; the leader's when none came (never released).
+      const reported = await child.reportedStatus;
+      const { code, signal } = reported === null ? leader : decodeWaitStatus(reported);
+      const lost = leader.lost;
       const endedAt = now();
       const wasReleased = releasedAt !== null;
       phase = "exited";
       if (wallTimer !== null) clearTimeout(wallTimer);
+      if (initWatch !== null) clearInterval(initWatch);
       // The leader is gone; the cell's group must not outlive it (background children it left behind).
       let leftovers = "";
       if (killing !== null) await killing;
@@ -261,6 +348,15 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
         leftovers += "; output after the process group ended was not captured (a process outside the group kept the pipes open)";
       }
       const duration = releasedAt === null ? 0 : Math.max(0, endedAt - releasedAt);
+      const limited = group?.report() ?? { oomKills: 0, pidsRefused: 0 };
+      await group?.close();
+      const limitHit =
+        limited.oomKills > 0
+          ? `killed: memory limit ${formatBytes(boundary.limits.memoryBytes)} (${limited.oomKills} process(es) killed by the kernel)`
+          : limited.pidsRefused > 0
+            ? `process limit ${boundary.limits.processes} reached (${limited.pidsRefused} fork(s) refused)`
+            : null;
+      if (limitHit !== null) leftovers += `; ${limitHit}`;
       await capture.finish();
       const base = { exit_code: code, signal, duration_ms: duration, output_bytes: capture.outputBytes, dropped_bytes: capture.droppedBytes };
       if (!wasReleased) {
@@ -277,7 +373,8 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
       if (stopReason === "cancelled" || stopReason === "abort") return { ...base, result: "cancelled", detail: `cancelled${leftovers}` };
       if (lost !== undefined) return { ...base, result: "error", detail: `the exit status is unknown: ${lost}${leftovers}` };
       if (stopReason === "shutdown") return { ...base, result: "cancelled", detail: `stopped by harness shutdown${leftovers}` };
-      if (timedOut) return { ...base, result: "error", detail: `wall-time limit of ${formatSeconds(spec.wallTimeMs)} s reached${leftovers}` };
+      if (timedOut) return { ...base, result: "error", detail: `killed: wall-time limit of ${formatSeconds(spec.wallTimeMs)} s reached${leftovers}` };
+      if (limited.oomKills > 0 && limitHit !== null) return { ...base, result: "error", detail: `${limitHit}; ${describeExit(code, signal)}${leftovers.replace(`; ${limitHit}`, "")}` };
       if (code === 0 && signal === null) return { ...base, result: "success", detail: leftovers === "" ? null : leftovers.slice(2) };
       return { ...base, result: "error", detail: `${describeExit(code, signal)}${leftovers}` };
     })();
@@ -305,6 +402,18 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
           timedOut = true;
           void killGroup(killGraceMs);
         }, spec.wallTimeMs);
+        // Without a sandbox a cell can stop its init (`kill -STOP $PPID`), which would then never
+        // report its end: while the cell runs, a stopped init is continued (in a sandbox the init is
+        // the namespace's first process, which the cell cannot stop).
+        initWatch = setInterval(() => {
+          if (readProcStat(pid)?.state !== "T") return;
+          try {
+            process.kill(pid, "SIGCONT");
+          } catch {
+            // gone meanwhile
+          }
+        }, INIT_WATCH_MS);
+        initWatch.unref();
         child.stdin.end("go\n");
       },
       async abort(): Promise<void> {

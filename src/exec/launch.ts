@@ -2,14 +2,17 @@
  * Turning a cell into the argv that runs it, or into the reason it cannot be launched on this machine.
  *
  * cmd cells: the argv itself (never a shell); the executable must exist.
- * script cells: the source is written to `<scriptDir>/cell-<id>.py` (mode 0600), then run with
+ * script cells: the source is written to a file of its own, `<scriptDir>/cell-<id>-<random>.py`
+ * (scriptDir checked to be ours and 0700, the file created with O_EXCL and O_NOFOLLOW, mode 0600:
+ * never a path two launches share, never written through a planted link), then run with
  * `uv run --script FILE` when uv is on PATH; without uv, only a script that declares no dependencies
  * can run, with `python3 FILE`, and only when python3 satisfies its `requires-python`.
  */
 import { execa } from "execa";
-import { chmod, mkdir, writeFile } from "node:fs/promises";
+import { randomBytes } from "node:crypto";
 import { isAbsolute, join, resolve } from "node:path";
 import { parsePep723, satisfiesRequiresPython } from "../state/pep723.js";
+import { ensurePrivateDir, writeNewFile } from "./private.js";
 import { isExecutableFile } from "./which.js";
 
 /** The cell part of a launch. */
@@ -17,7 +20,7 @@ export type LaunchCell = { kind: "cmd"; argv: string[] } | { kind: "script"; sou
 
 /** What a launch resolves to: the argv to exec, extra env, or why it cannot run. */
 export type ResolvedLaunch =
-  | { ok: true; argv: string[]; env: Record<string, string> }
+  | { ok: true; argv: string[]; env: Record<string, string>; script?: { readonly path: string; readonly deps: readonly string[] } }
   | { ok: false; detail: string };
 
 /** What {@link resolveLaunch} needs from the world. */
@@ -32,9 +35,9 @@ export interface LaunchDeps {
 export const UV_HELP =
   "uv is needed to run scripts that declare dependencies (or a Python that python3 does not provide) and it is not on PATH; install it (https://docs.astral.sh/uv/ : `pipx install uv`, or the standalone installer `curl -LsSf https://astral.sh/uv/install.sh | sh`) and make sure `uv` is on the PATH of the Cairn process";
 
-/** The path a script cell's source is written to. */
+/** A new path for a script cell's source: its own for every launch. */
 export function scriptPath(scriptDir: string, cellId: number): string {
-  return join(scriptDir, `cell-${cellId}.py`);
+  return join(scriptDir, `cell-${cellId}-${randomBytes(6).toString("hex")}.py`);
 }
 
 /** Runs `python3 --version` and returns "X.Y.Z", or null when it fails. */
@@ -73,16 +76,15 @@ export async function resolveLaunch(
   }
 
   const file = scriptPath(where.scriptDir, where.cellId);
-  await mkdir(where.scriptDir, { recursive: true, mode: 0o700 });
-  await writeFile(file, cell.source, { mode: 0o600 });
-  await chmod(file, 0o600);
+  ensurePrivateDir(where.scriptDir);
+  writeNewFile(file, cell.source);
   // Unbuffered, so a slow script's output is captured as it goes rather than at exit.
   const env = { PYTHONUNBUFFERED: "1" };
+  const parsed = parsePep723(cell.source);
 
   const uv = deps.which("uv");
-  if (uv !== null) return { ok: true, argv: [uv, "run", "--script", file], env };
+  if (uv !== null) return { ok: true, argv: [uv, "run", "--script", file], env, script: { path: file, deps: parsed.ok && parsed.block !== null ? parsed.block.dependencies : [] } };
 
-  const parsed = parsePep723(cell.source);
   if (!parsed.ok) return { ok: false, detail: `the script's PEP 723 block is invalid (${parsed.reason}), and ${UV_HELP}` };
   const block = parsed.block;
   if (block !== null && block.dependencies.length > 0) {
@@ -108,5 +110,5 @@ export async function resolveLaunch(
       };
     }
   }
-  return { ok: true, argv: [python3, file], env };
+  return { ok: true, argv: [python3, file], env, script: { path: file, deps: [] } };
 }

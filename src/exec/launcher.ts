@@ -1,31 +1,30 @@
 /**
- * Starting a gate process: through the small native launcher (native/launcher.c) when it is built,
- * or with Node's own `spawn` otherwise. Both give the executor the same thing: a pid that leads its
- * own session and process group, three stream sockets (the gate's stdin, stdout, stderr) and a
- * promise of how the leader exited.
+ * Starting a gate process through the small native launcher (native/launcher.c, built by `npm ci`).
+ * It gives the executor a pid that leads its own session and process group, three stream sockets
+ * (the gate's stdin, stdout, stderr) and a promise of how the leader exited.
  *
- * Why a launcher. Node starts every child with fork(): the harness's whole address space has its
- * page tables copied, and each page it writes afterwards takes a copy-on-write fault. Measured here,
- * 3.5 ms of harness CPU per launch from a 52 MB Node and 6.5 ms from a 317 MB one, the largest cost
- * of a round. The launcher is a tiny C program started once per process; it forks the gate, so the
- * harness only writes a request and accepts three connections.
+ * Why a launcher, and why the only path. Node starts every child with fork(): the harness's whole
+ * address space has its page tables copied, and each page it writes afterwards takes a
+ * copy-on-write fault, which made a launch cost the harness 3.5 to 6.5 ms of CPU (52 to 317 MB of
+ * heap), the largest cost of a round. The launcher is a tiny C program started once per process; it
+ * forks the gate, so the harness only writes a request and accepts three connections. Measured
+ * beside Node's spawn in one run by `npm run bench -- launch`.
  *
- * The gate. With Node's spawn it is `/bin/sh -c 'read go; ... exec "$@" </dev/null'` (see
- * GATE_SCRIPT). The launcher's forked child is the gate itself: it waits for "go" the same way and
- * execs the cell's argv directly, which saves starting a shell per cell (about 1.7 ms of CPU each
- * here, measured with fork and exec from C: sh gate 3.5 ms, the cell alone 1.8 ms).
+ * The gate is the launcher's forked child: it waits for "go" on its stdin, then execs the argv it
+ * was given (the cell's init, inside the sandbox or not; see executor.ts). Its contract: it blocks
+ * reading "go" and runs nothing before; a gate whose stdin peer is gone reads end-of-file and exits
+ * 125; its identity (pid = pgid, start time from /proc) is read by the launcher right after its
+ * setsid. Release, stopping and identity stay with the harness.
  *
- * What does not change: the gate's contract (it blocks reading "go", stdin of the cell is
- * /dev/null), its identity (pid = pgid, start time from /proc), release (the harness writes "go" on
- * the gate's stdin only after `started` is durable), stopping (signals to the process group, from
- * the harness), and what a crash leaves (a gate whose stdin peer is gone reads end-of-file and exits
- * 125 without running anything). The gate's stdio are Unix stream sockets either way: Node's `spawn`
- * uses socket pairs for 'pipe' too.
+ * The connections come back on a Unix socket in a private directory (0700, this user's, made with
+ * mkdtemp): other users cannot connect at all; a connection counts only once its first line names
+ * the 128-bit token of a launch in progress, which only this process and its launcher know; and
+ * unpaired connections are few (MAX_UNPAIRED) and short-lived (UNPAIRED_TIMEOUT_MS), so nobody can
+ * pile them up. The launcher is started with an empty environment: it holds no secret.
  *
- * Choosing: `CAIRN_LAUNCHER=node` forces Node's spawn, `CAIRN_LAUNCHER=native` requires the
- * launcher (any other value is a ConfigError); unset, the launcher is used when
- * `build/cairn-launcher` exists (npm install builds it with the system C compiler; without one,
- * `npm install` says so and Cairn uses Node's spawn, slower but equally safe).
+ * After release the gate keeps its stdin connection as fd 3 for the cell's init, which reports the
+ * cell's exact wait status there ("X <status>"): through a sandbox, the leader's own exit code could
+ * not tell a signal from an exit code.
  *
  * If the launcher itself dies while cells run (someone killed it), the harness cannot learn their
  * exit status: each such cell is followed until its leader is gone, and then ends with an exit status
@@ -34,12 +33,13 @@
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { accessSync, constants as fsConstants } from "node:fs";
+import { accessSync, constants as fsConstants, rmSync } from "node:fs";
 import { createServer, type Server, type Socket } from "node:net";
 import { constants as osConstants } from "node:os";
 import { dirname, join, resolve as resolvePath } from "node:path";
 import { fileURLToPath } from "node:url";
 import { ConfigError } from "../errors.js";
+import { makePrivateTempDir } from "./private.js";
 import { readProcStat } from "./procfs.js";
 
 /** How the gate's leader ended. `lost` says why the status is unknown (the launcher died). */
@@ -69,6 +69,12 @@ export interface GateProcess {
    * asked (Node's spawn, a lost status) or a process was left.
    */
   readonly groupEmptyAtExit?: () => boolean;
+  /**
+   * The wait status the cell's init reported on fd 3 ("X <status>"), once the gate's stdin
+   * connection closed: null when nothing was reported (the gate was never released, or its init was
+   * killed before its cell ended).
+   */
+  readonly reportedStatus: Promise<number | null>;
 }
 
 /**
@@ -84,23 +90,8 @@ export interface GateSpawn {
 /** A gate start: the process, or the error the kernel (or Node) gave, with its `code` (ENOENT, E2BIG...). */
 export type GateStart = { ok: true; gate: GateProcess } | { ok: false; error: NodeJS.ErrnoException };
 
-/**
- * The shell gate (Node's spawn): "$@" is the cell's argv, never interpreted by the shell; stdin of
- * the cell is /dev/null. Exit 125 means the gate was not released (its stdin closed without "go"):
- * the cell never ran. The native launcher's gate does the same in C (native/launcher.c).
- */
-// `read` fails at end of file even when it read "go" without a newline: that is no release either.
-const GATE_SCRIPT = 'IFS= read -r go || exit 125; [ "$go" = go ] || exit 125; exec "$@" </dev/null';
-
-/** The argv of the shell gate for a cell's argv. */
-export function gateArgv(argv: readonly string[]): string[] {
-  return ["/bin/sh", "-c", GATE_SCRIPT, "cairn-gate", ...argv];
-}
-
 /** Starts a cell's argv behind a gate, in its own session; the caller releases it with "go". */
 export interface GateLauncher {
-  /** "native" (the C launcher) or "node" (Node's spawn). */
-  readonly kind: "native" | "node";
   start(spec: GateSpawn): Promise<GateStart>;
 }
 
@@ -119,7 +110,11 @@ const ORPHAN_POLL_MS = 100;
 /** While launches or exits are awaited, how often the launcher is checked for being stopped. */
 const STOPPED_CHECK_MS = 1000;
 /** A connection that has not been paired with a launch by then is closed (a stranger's, or a stale one). */
-const UNPAIRED_TIMEOUT_MS = 30_000;
+const UNPAIRED_TIMEOUT_MS = 1000;
+/** At most this many connections may wait to be paired; more are closed at once. */
+const MAX_UNPAIRED = 64;
+/** How long, after the gate's leader exited, its init's status report may still take to arrive. */
+const STATUS_WAIT_MS = 1000;
 
 const signalNames = new Map<number, string>(Object.entries(osConstants.signals).map(([name, n]) => [n, name]));
 const errnoNames = new Map<number, string>(Object.entries(osConstants.errno).map(([name, n]) => [n, name]));
@@ -139,7 +134,7 @@ export function decodeWaitStatus(status: number): GateExit {
   return { code: null, signal: signalNames.get(low) ?? `SIG${low}` };
 }
 
-/** The path of the built launcher, or null when it is not there (or not executable). */
+/** The path of the built launcher (build/cairn-launcher), or null when it is not there (or not executable). */
 export function nativeLauncherPath(): string | null {
   // src/exec (run from source) and dist/src/exec (built) are two and three levels below the root; a
   // bundle (deploy/Dockerfile's /app/cairn.mjs) sits at the root.
@@ -155,40 +150,6 @@ export function nativeLauncherPath(): string | null {
   }
   return null;
 }
-
-/** Node's own spawn: one fork of this process per gate. */
-export const nodeLauncher: GateLauncher = {
-  kind: "node",
-  start(spec: GateSpawn): Promise<GateStart> {
-    const [program, ...args] = gateArgv(spec.argv);
-    let child: ChildProcess;
-    try {
-      child = spawn(program ?? "", args, { cwd: spec.cwd, env: { ...spec.env }, detached: true, stdio: ["pipe", "pipe", "pipe"] });
-    } catch (err) {
-      return Promise.resolve({ ok: false, error: err as NodeJS.ErrnoException });
-    }
-    // A failed spawn (ENOENT, E2BIG, ENOMEM...) is an `error` event and no pid; a started one `spawn`.
-    // The exit listener is attached now: a gate can exit before `spawn` is handled.
-    const exited = new Promise<GateExit>((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
-    return new Promise<GateStart>((resolve) => {
-      child.once("spawn", () => {
-        child.on("error", () => undefined);
-        const { stdin, stdout, stderr } = child;
-        if (child.pid === undefined || stdin === null || stdout === null || stderr === null) {
-          resolve({ ok: false, error: errnoError(osConstants.errno.ECHILD, "spawn returned no process") });
-          return;
-        }
-        resolve({ ok: true, gate: { pid: child.pid, stdin: stdin as Socket, stdout: stdout as Socket, stderr: stderr as Socket, exited } });
-      });
-      child.once("error", (err: NodeJS.ErrnoException) => {
-        child.stdout?.destroy();
-        child.stderr?.destroy();
-        child.stdin?.destroy();
-        resolve({ ok: false, error: err });
-      });
-    });
-  },
-};
 
 interface Pending {
   readonly token: string;
@@ -211,9 +172,10 @@ interface Pending {
  * of this process; started lazily, restarted by the next launch if it died.
  */
 class NativeLauncher implements GateLauncher {
-  readonly kind = "native" as const;
   private readonly path: string;
-  private running: { child: ChildProcess; server: Server; name: string; dead: boolean } | null = null;
+  private running: { child: ChildProcess; server: Server; dir: string; dead: boolean } | null = null;
+  /** Connections accepted and not yet paired with a launch. */
+  private unpaired = 0;
   /** Checks, while busy, that the launcher is not stopped (see `continueIfStopped`). */
   private watchdog: NodeJS.Timeout | null = null;
   private starting: Promise<NonNullable<NativeLauncher["running"]>> | null = null;
@@ -282,21 +244,29 @@ class NativeLauncher implements GateLauncher {
   }
 
   private async launch(): Promise<NonNullable<NativeLauncher["running"]>> {
-    const name = `cairn-launcher-${process.pid}-${randomBytes(8).toString("hex")}`;
+    // A directory of its own, 0700: only this user can even connect (see the header).
+    const dir = makePrivateTempDir("cairn-launcher-");
+    const path = join(dir, "s");
     const server = createServer({ allowHalfOpen: false }, (socket) => this.accept(socket));
-    await new Promise<void>((resolve, reject) => {
-      server.once("error", reject);
-      server.listen(`\0${name}`, () => {
-        server.off("error", reject);
-        resolve();
+    try {
+      await new Promise<void>((resolve, reject) => {
+        server.once("error", reject);
+        server.listen(path, () => {
+          server.off("error", reject);
+          resolve();
+        });
       });
-    });
+    } catch (err) {
+      rmSync(dir, { recursive: true, force: true });
+      throw err;
+    }
     server.on("error", () => undefined);
     server.unref();
     // Its own session: a terminal's ^C to the harness's group must not kill the launcher (cells being
-    // stopped by that same shutdown still need their exits reported).
-    const child = spawn(this.path, [name], { detached: true, stdio: ["pipe", "pipe", "inherit"] });
-    const running = { child, server, name, dead: false };
+    // stopped by that same shutdown still need their exits reported). An empty environment: cells get
+    // theirs from each request, and the launcher holds no secret of the harness's.
+    const child = spawn(this.path, [path], { detached: true, stdio: ["pipe", "pipe", "inherit"], env: {} });
+    const running = { child, server, dir, dead: false };
     child.on("error", () => this.died(running, "it could not be started"));
     child.once("exit", (code, signal) => this.died(running, signal !== null ? `it was killed by ${signal}` : `it exited with code ${code}`));
     child.stdin?.on("error", () => undefined);
@@ -384,21 +354,35 @@ class NativeLauncher implements GateLauncher {
   /** A connection back from the launcher: "<token> <n>\n", then the stream itself. */
   private accept(socket: Socket): void {
     socket.on("error", () => undefined);
-    // Anyone on the host may connect to an abstract name: until its tag pairs it with a launch, a
-    // connection must not keep this process alive (an awaited launch does, through the launcher's stdout).
+    if (this.unpaired >= MAX_UNPAIRED) {
+      socket.destroy();
+      return;
+    }
+    this.unpaired++;
+    let counted = true;
+    const paired = (): void => {
+      if (counted) this.unpaired--;
+      counted = false;
+    };
+    // Until its tag pairs it with a launch, a connection must not keep this process alive (an
+    // awaited launch does, through the launcher's stdout).
     socket.unref();
     const unpaired = setTimeout(() => socket.destroy(), this.unpairedTimeoutMs);
     unpaired.unref();
-    socket.once("close", () => clearTimeout(unpaired));
+    socket.once("close", () => {
+      clearTimeout(unpaired);
+      paired();
+    });
     let head = Buffer.alloc(0);
     const onData = (chunk: Buffer): void => {
       head = Buffer.concat([head, chunk]);
       const nl = head.indexOf(10);
       if (nl < 0) {
-        if (head.length > 128) socket.destroy();
+        if (head.length > 64) socket.destroy();
         return;
       }
       clearTimeout(unpaired);
+      paired();
       socket.off("data", onData);
       socket.pause();
       const [token, n] = head.subarray(0, nl).toString("latin1").split(" ");
@@ -410,8 +394,6 @@ class NativeLauncher implements GateLauncher {
         return;
       }
       if (rest.length > 0) socket.unshift(rest);
-      // The gate's stdin is only written to; reading it lets its end (the gate exited) close it.
-      if (stream === 0) socket.resume();
       p.conns[stream] = socket;
       this.settle(p);
     };
@@ -425,10 +407,18 @@ class NativeLauncher implements GateLauncher {
     this.pending.delete(p.token);
     // Paired: the gate's streams hold this process like a child's pipes do.
     for (const c of [stdin, stdout, stderr]) c.ref();
+    // The gate's stdin carries, after release, its init's report of the cell's wait status; its end
+    // (every holder gone) is how we know no report is coming.
+    const reportedStatus = readStatusReport(stdin);
     // As Node does for a child's stdin: once the process is gone, nothing more can be written to it.
-    void p.exited.then(() => stdin.destroy());
+    void p.exited.then(async () => {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([reportedStatus, new Promise((r) => (timer = setTimeout(r, STATUS_WAIT_MS)))]);
+      clearTimeout(timer);
+      stdin.destroy();
+    });
     const empty = p.groupEmpty;
-    const gate: GateProcess = { pid: p.pid, stdin, stdout, stderr, exited: p.exited, groupEmptyAtExit: () => empty.value };
+    const gate: GateProcess = { pid: p.pid, stdin, stdout, stderr, exited: p.exited, groupEmptyAtExit: () => empty.value, reportedStatus };
     p.resolve({ ok: true, gate: p.stat === null ? gate : { ...gate, stat: p.stat } });
     this.refresh();
   }
@@ -447,6 +437,7 @@ class NativeLauncher implements GateLauncher {
     if (running.dead) return;
     running.dead = true;
     running.server.close();
+    rmSync(running.dir, { recursive: true, force: true });
     if (this.running === running) this.running = null;
     for (const p of this.pending.values()) {
       for (const c of p.conns) c?.destroy();
@@ -475,35 +466,43 @@ class NativeLauncher implements GateLauncher {
   }
 }
 
+/**
+ * Reads what the gate's stdin connection carries back: the cell's init writes "X <status>\n" once
+ * its cell has ended. Resolves with the status, or null when the connection ends without one.
+ */
+function readStatusReport(stdin: Socket): Promise<number | null> {
+  return new Promise((resolve) => {
+    let text = "";
+    const done = (): void => {
+      const m = /^X (-?\d+)\n/.exec(text);
+      resolve(m === null ? null : Number(m[1]));
+    };
+    stdin.on("data", (chunk: Buffer) => {
+      if (text.length < 64) text += chunk.toString("latin1");
+    });
+    stdin.once("end", done);
+    stdin.once("close", done);
+    stdin.resume();
+  });
+}
+
 let chosen: GateLauncher | null = null;
 
+/** The sentence a missing launcher is refused with. */
+export const LAUNCHER_MISSING =
+  "the cell launcher build/cairn-launcher is not built, so no cell can run: install a C compiler (Debian: apt-get install gcc libc6-dev) and run `node scripts/build-launcher.mjs` (npm ci does it)";
+
 /**
- * The launcher this process uses: native when built (and not turned off with `CAIRN_LAUNCHER=node`),
- * else Node's spawn. Decided once per process.
+ * The launcher this process uses, started lazily. Throws ConfigError (LAUNCHER_MISSING) when it was
+ * not built.
  */
 export function gateLauncher(): GateLauncher {
   if (chosen === null) {
-    const path = chooseLauncher(process.env["CAIRN_LAUNCHER"], nativeLauncherPath());
-    chosen = path === null ? nodeLauncher : new NativeLauncher(path);
+    const path = nativeLauncherPath();
+    if (path === null) throw new ConfigError(LAUNCHER_MISSING);
+    chosen = new NativeLauncher(path);
   }
   return chosen;
-}
-
-/**
- * Which launcher `CAIRN_LAUNCHER` (`asked`) selects, given the native one found at `found` (null:
- * not built): the path to use, or null for Node's spawn. Throws ConfigError for a value that is not
- * `node` or `native`, and for `native` when it was not built.
- */
-export function chooseLauncher(asked: string | undefined, found: string | null): string | null {
-  const value = asked ?? "";
-  if (value !== "" && value !== "node" && value !== "native") {
-    throw new ConfigError(`CAIRN_LAUNCHER=${JSON.stringify(value).slice(0, 80)} is not a launcher: set it to "node" (Node's spawn) or "native" (build/cairn-launcher, the default when built), or unset it`);
-  }
-  if (value === "node") return null;
-  if (value === "native" && found === null) {
-    throw new ConfigError("CAIRN_LAUNCHER=native, but build/cairn-launcher was not found: build it with `node scripts/build-launcher.mjs` (it needs a C compiler), or unset CAIRN_LAUNCHER to use Node's spawn");
-  }
-  return found;
 }
 
 /** A launcher of its own (for tests): the native one at `path`. */

@@ -3,7 +3,6 @@
  * `control_handled` event answers every one). A success conclusion runs the session's validators and
  * is refused while anything blocks it (src/state/next-step.ts: successBlockers).
  */
-import { join } from "node:path";
 import { event, identity } from "../state/events.js";
 import type { ControlAction } from "../state/next-step.js";
 import { successBlockers } from "../state/next-step.js";
@@ -76,7 +75,7 @@ async function conclude(ctx: SessionContext, note: NoteCell): Promise<void> {
   const done = s.validators_run.get(note.id) ?? [];
   for (let i = done.length; i < s.validators.length; i++) {
     const argv = [...s.validators[i]!];
-    const r = await runValidator(core.world.executor, argv, s.cwd, core.limits.validatorWallTimeMs, join(core.scriptDir, "validators"));
+    const r = await runValidator(core.world.executor, argv, s.cwd, core.limits.validatorWallTimeMs, core.scriptDir(s.id), core.boundary(s.id));
     if (core.stopping() || ctx.session().terminal !== null) return;
     await core.commit([
       event("validator_result", id, identity.validator(id, note.id, i), core.nowIso(), {

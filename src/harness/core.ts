@@ -3,6 +3,7 @@
  * Kept as an interface so the round loop, dispatch and controls stay apart from ownership and I/O.
  */
 import type { Logger } from "pino";
+import type { CellBoundary } from "../exec/executor.js";
 import type { LogEvent, NewEvent } from "../state/events.js";
 import type { SessionProjection } from "../state/projection.js";
 import type { Model } from "../model/contract.js";
@@ -32,10 +33,15 @@ export interface HarnessCore {
   readonly faults: HarnessFaults | null;
   /** The world's timer functions (real ones unless a test injects its own). */
   readonly timers: TimerFunctions;
-  /** Where script cells are written. */
-  readonly scriptDir: string;
-  /** Environment given to every cell (the timer socket and friends), besides the session's own. */
-  readonly cellEnv: (session: string, cell: number) => Record<string, string>;
+  /** Where a session's script cells are written: a private directory of its own. */
+  scriptDir(session: string): string;
+  /**
+   * What a launch of `cell` in `session` gets: its CAIRN_* environment (with a fresh cell token) and
+   * its boundary (sandbox, network, hidden paths, limits). `ended` revokes the token.
+   */
+  cellLaunch(session: string, cell: number): { env: Record<string, string>; boundary: CellBoundary; ended(): void };
+  /** The boundary validators of `session` run in. */
+  boundary(session: string): CellBoundary;
   /**
    * Commits one atomic batch and folds it into the projection before resolving. Serialized: commits
    * from one harness never interleave. Throws the Storage errors; after a fence or an uncertain
@@ -68,25 +74,30 @@ export interface CoreOwner {
   stopWaitMs(): number;
   failed(session: string, err: unknown): void;
   sleep(ms: number): Promise<boolean>;
-  /** The timer socket's path, while it listens. */
-  timerSocket(): string | null;
+  scriptDir(session: string): string;
+  boundary(session: string): CellBoundary;
+  /** A cell token for the cell socket (null when it does not listen), and its revocation. */
+  issueToken(session: string, cell: number): string | null;
+  revokeToken(token: string): void;
 }
 
 /** The HarnessCore of database `name`, with `owner` behind its commit path and status. */
 export function createCore(
-  config: Pick<HarnessCore, "name" | "world" | "model" | "limits" | "logger" | "metrics" | "faults" | "scriptDir">,
+  config: Pick<HarnessCore, "name" | "world" | "model" | "limits" | "logger" | "metrics" | "faults">,
   owner: CoreOwner,
 ): HarnessCore {
   const { name, world } = config;
   return {
     ...config,
     timers: world.timers ?? realTimers,
-    cellEnv: (session, cell) => {
+    scriptDir: (session) => owner.scriptDir(session),
+    cellLaunch: (session, cell) => {
       const env: Record<string, string> = { CAIRN_DB: name, CAIRN_SESSION: session, CAIRN_CELL: String(cell) };
-      const socket = owner.timerSocket();
-      if (socket !== null) env.CAIRN_TIMER_SOCKET = socket;
-      return env;
+      const token = owner.issueToken(session, cell);
+      if (token !== null) env.CAIRN_CELL_TOKEN = token;
+      return { env, boundary: owner.boundary(session), ended: () => (token === null ? undefined : owner.revokeToken(token)) };
     },
+    boundary: (session) => owner.boundary(session),
     commit: (events) => owner.commit(events),
     session: (id) => owner.session(id),
     headSeq: () => owner.headSeq(),

@@ -11,6 +11,12 @@ import type { ExecutableCell } from "../state/schema.js";
 import type { SessionContext } from "./session.js";
 import type { LaunchSpec, Prepared } from "./world.js";
 
+/** A launch's spec and what ends it on the harness's side (its cell token). */
+interface Launch {
+  readonly spec: LaunchSpec;
+  readonly ended: () => void;
+}
+
 /** Output is recorded in events of at most this many UTF-16 units, this many per commit. */
 const OUTPUT_EVENT_CHARS = 16_384;
 const OUTPUT_EVENTS_PER_COMMIT = 8;
@@ -48,7 +54,7 @@ export class Executions {
   private running: Running | null = null;
   private launching = false;
   /** A gate being prepared ahead for the execution about to be queued (see prepareEarly). */
-  private early: { readonly cellId: number; readonly code: string; readonly prepared: Promise<Prepared> } | null = null;
+  private early: { readonly cellId: number; readonly code: string; readonly launch: Launch; readonly prepared: Promise<Prepared> } | null = null;
   private recovering: Promise<number> | null = null;
   /** Cells whose result was handed to the driver (`carry`) and may not be in the log yet: not lost. */
   private readonly handedOver = new Set<number>();
@@ -134,9 +140,10 @@ export class Executions {
       // cell id may now name other code.
       void this.discardEarly();
     }
-    const prepared = this.prepareOrError(cell.id, this.launchSpec(cell, 0));
+    const launch = this.launchSpec(cell, 0);
+    const prepared = this.prepareOrError(cell.id, launch.spec);
     prepared.catch(() => undefined); // rejected only when stopping; launch or discardEarly sees it
-    this.early = { cellId: cell.id, code: codeOf(cell), prepared };
+    this.early = { cellId: cell.id, code: codeOf(cell), launch, prepared };
   }
 
   /** Aborts a gate prepared ahead (prepareEarly) that no launch took; resolves once it is gone. */
@@ -144,20 +151,23 @@ export class Executions {
     const early = this.early;
     if (early === null) return Promise.resolve();
     this.early = null;
+    early.launch.ended();
     return early.prepared.then((p) => (p.kind === "gated" ? p.abort() : undefined)).catch(() => undefined);
   }
 
   /** The launch of `cell`, whose output so far is `firstChunk` events. */
-  private launchSpec(cell: ExecutableCell, firstChunk: number): LaunchSpec {
+  private launchSpec(cell: ExecutableCell, firstChunk: number): Launch {
     const { core, id } = this.ctx;
     const s = this.ctx.session();
     let chunk = firstChunk;
-    return {
+    const { env, boundary, ended } = core.cellLaunch(id, cell.id);
+    const spec: LaunchSpec = {
       cellId: cell.id,
       cell: cell.kind === "cmd" ? { kind: "cmd", argv: [...cell.argv] } : { kind: "script", source: cell.source },
       cwd: s.cwd,
-      scriptDir: core.scriptDir,
-      env: core.cellEnv(id, cell.id),
+      scriptDir: core.scriptDir(id),
+      env,
+      boundary,
       wallTimeMs: core.limits.executionWallTimeMs,
       outputLimitBytes: core.limits.executionOutputLimitBytes,
       flushIntervalMs: core.limits.outputFlushMs,
@@ -174,6 +184,7 @@ export class Executions {
         }
       },
     };
+    return { spec, ended };
   }
 
   private async launchOnce(cell: ExecutableCell, ex: ExecutionRecord): Promise<void> {
@@ -181,27 +192,33 @@ export class Executions {
     const early = this.early;
     this.early = null;
     let prepared: Prepared;
+    let launch: Launch;
     // Only a gate started for this very code: one started for a patch whose commit was refused may
     // carry the same cell id with other code.
     if (early !== null && early.cellId === cell.id && early.code === codeOf(cell) && ex.output_chunks === 0) {
+      launch = early.launch;
       prepared = await early.prepared;
     } else {
       if (early !== null) {
         this.early = early;
         void this.discardEarly();
       }
-      prepared = await this.prepareOrError(cell.id, this.launchSpec(cell, ex.output_chunks));
+      launch = this.launchSpec(cell, ex.output_chunks);
+      prepared = await this.prepareOrError(cell.id, launch.spec);
     }
     if (prepared.kind === "unlaunchable") {
+      launch.ended();
       await this.finish(cell.id, ex.kind, prepared.outcome, null);
       return;
     }
+    const contained = { sandbox: launch.spec.boundary?.sandbox.kind ?? "none", network: launch.spec.boundary?.network ?? "host" } as const;
     try {
       if (core.stopping()) throw new Error("the harness is stopping");
-      await core.commit([event("execution_started", id, identity.execution(id, cell.id), core.nowIso(), { cell_id: cell.id, ...prepared.identity })]);
+      await core.commit([event("execution_started", id, identity.execution(id, cell.id), core.nowIso(), { cell_id: cell.id, ...prepared.identity, ...contained })]);
     } catch (err) {
       // Nothing ran: the gate still holds the child. Kill it; the execution stays queued (or, if the
       // commit's outcome is unknown, the next owner records UnknownExecution).
+      launch.ended();
       await prepared.abort();
       throw err;
     }
@@ -209,6 +226,7 @@ export class Executions {
     if (core.stopping() || this.ctx.session().terminal !== null) {
       // Closing, fenced or ended while the launch was being authorized: the code never runs. The
       // execution stays `started`; the next owner records it as UnknownExecution.
+      launch.ended();
       await prepared.abort();
       return;
     }
@@ -218,6 +236,7 @@ export class Executions {
     this.running = running;
     prepared.release();
     core.metrics?.dispatchLatency((core.world.clock.now() - authorized) / 1000);
+    core.metrics?.cellLaunched(contained.sandbox, contained.network);
     core.logger.info({ session: id, cell: cell.id, pid: prepared.identity.pid }, "cell started");
     void prepared.done
       .then(async (outcome) => {
@@ -228,6 +247,7 @@ export class Executions {
         if (!core.stopping()) core.logger.error({ session: id, cell: cell.id, err }, "could not record an execution's result");
       })
       .finally(() => {
+        launch.ended();
         if (this.running === running) this.running = null;
         over();
         this.ctx.wake();

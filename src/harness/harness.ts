@@ -9,9 +9,6 @@
  * "stop"}`; it never reopens on its own. After an uncertain commit it is poisoned: reopen to learn the
  * truth from the log.
  */
-import { mkdirSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import pino, { type Logger } from "pino";
 import type { Admission } from "../state/admission.js";
 import type { LogEvent, NewEvent } from "../state/events.js";
@@ -26,6 +23,7 @@ import { CairnError, ConfigError } from "../errors.js";
 import type { Model } from "../model/contract.js";
 import { reportGauges } from "../observability/gauges.js";
 import type { Metrics } from "../observability/metrics.js";
+import { Boundaries, type SandboxState } from "./boundary.js";
 import { createCore, type HarnessCore, type HarnessFaults } from "./core.js";
 import { summarize, type Inspection } from "./inspect.js";
 import { guardLease, openAfterPrevious } from "./lease.js";
@@ -67,7 +65,8 @@ export class Harness {
     private readonly db: Database,
     private readonly storage: Storage,
     readonly name: string,
-    parts: { model: Model; world: HarnessWorld; logger: Logger; metrics: Metrics | null; limits: HarnessLimits; faults: HarnessFaults | null; scriptDir: string },
+    parts: { model: Model; world: HarnessWorld; logger: Logger; metrics: Metrics | null; limits: HarnessLimits; faults: HarnessFaults | null },
+    private readonly boundaries: Boundaries,
     snapshots: Partial<SnapshotPolicy> | false | undefined,
   ) {
     this.logger = parts.logger;
@@ -85,7 +84,6 @@ export class Harness {
       },
       failed: (err, seconds, n) => this.onCommitError(err, seconds, n),
     });
-    mkdirSync(parts.scriptDir, { recursive: true, mode: 0o700 });
     this.core = createCore(
       { name, ...parts },
       {
@@ -96,7 +94,10 @@ export class Harness {
         stopWaitMs: () => this.db.lease?.ttlMs ?? Infinity,
         failed: (session, err) => this.listeners.failed(session, err),
         sleep: (ms) => this.timers.sleeper.sleep(ms),
-        timerSocket: () => this.timers.socket(),
+        scriptDir: (session) => boundaries.scriptDir(session),
+        boundary: (session) => boundaries.forSession(this.reducer.session(session), this.otherWorkspaces(session)),
+        issueToken: (session, cell) => this.timers.issue(session, cell),
+        revokeToken: (token) => this.timers.revoke(token),
       },
     );
     this.listeners = new Listeners(parts.logger);
@@ -115,22 +116,31 @@ export class Harness {
   static async open(options: HarnessOpenOptions): Promise<Harness> {
     const logger = options.logger ?? pino({ level: "silent" });
     const world = options.world ?? defaultWorld();
-    const workDir = options.workDir ?? join(tmpdir(), "cairn");
-    // Launch nothing while an earlier owner's lease may still run (its cells may still act).
-    const db = await openAfterPrevious(options.storage, options.name, options.create ?? true, logger.child({ db: options.name }));
+    // The sandbox is chosen before anything is opened: `required` without one fails here, untouched.
+    const boundaries = new Boundaries(options.sandbox ?? {}, options.workDir);
+    if (boundaries.state.kind === "none") logger.warn({ reason: boundaries.state.reason }, "cells run without a sandbox");
+    let db: Database;
+    try {
+      // Launch nothing while an earlier owner's lease may still run (its cells may still act).
+      db = await openAfterPrevious(options.storage, options.name, options.create ?? true, logger.child({ db: options.name }));
+    } catch (err) {
+      boundaries.close();
+      throw err;
+    }
     let h: Harness;
     try {
       const parts = { model: options.model, world, limits: defaultLimits(options.limits), metrics: options.metrics ?? null, faults: options.faults ?? null };
-      const scriptDir = join(workDir, "scripts", options.name);
-      h = new Harness(db, options.storage, options.name, { ...parts, scriptDir, logger: logger.child({ db: options.name, epoch: db.epoch, host: world.host }) }, options.snapshots);
+      h = new Harness(db, options.storage, options.name, { ...parts, logger: logger.child({ db: options.name, epoch: db.epoch, host: world.host }) }, boundaries, options.snapshots);
       h.reducer = await loadProjection(db);
       h.unwatch = db.watch((signal) => h.onSignal(signal));
       guardLease(h, db, h.logger);
-      await h.timers.listen(workDir, options.name, h.core);
+      await h.timers.listen(boundaries.socketPath, h.core);
     } catch (err) {
       await db.close().catch(() => undefined);
+      boundaries.close();
       throw err;
     }
+    options.metrics?.sandbox(boundaries.state.kind);
     if (options.submitCwd !== undefined) h.submitCwd = options.submitCwd;
     options.metrics?.opened();
     options.metrics?.lastProgress(world.clock.now() / 1000);
@@ -146,6 +156,18 @@ export class Harness {
 
   get epoch(): number {
     return this.db.epoch;
+  }
+
+  /** Whether this harness's cells run in a sandbox, and why not when they do not. */
+  get sandbox(): SandboxState {
+    return this.boundaries.state;
+  }
+
+  /** The workspaces of the unfinished runs other than `session`: hidden from its cells. */
+  private otherWorkspaces(session: string): string[] {
+    const out: string[] = [];
+    for (const id of this.unfinished()) if (id !== session) out.push(this.reducer.session(id)!.cwd);
+    return out;
   }
 
   /** The session ids in this database, in creation order. */
@@ -267,6 +289,7 @@ export class Harness {
     const inFlight = Promise.all([this.committer.settled(), this.snapshotter.settled()]);
     await settleWithin(inFlight, wasOpen ? (this.db.lease?.ttlMs ?? Infinity) : 250);
     await this.db.close().catch(() => undefined);
+    this.boundaries.close();
   }
 
   private assertOpen(): void {

@@ -44,13 +44,15 @@ export const StartRequest = z.strictObject({
   goal: z.string().min(1).max(100_000),
   validators: z.array(z.array(z.string()).min(1)).max(32).default([]),
   budgets: Budgets.default({}),
+  /** The run asks for the host's network in its cells. */
+  cell_network: z.literal("host").optional(),
 });
 export type StartRequest = z.infer<typeof StartRequest>;
 
 /** What starting a submitted run needs from the harness. */
 export interface StartHost {
-  session(id: string): { goal: string; validators: readonly (readonly string[])[]; budgets: Budgets } | undefined;
-  start(options: { id: string; goal: string; validators: string[][]; budgets: Budgets }): Promise<string>;
+  session(id: string): { goal: string; validators: readonly (readonly string[])[]; budgets: Budgets; cell_network?: "host" } | undefined;
+  start(options: { id: string; goal: string; validators: string[][]; budgets: Budgets; cellNetwork?: "host" }): Promise<string>;
   readonly logger: Logger;
 }
 
@@ -67,13 +69,19 @@ export async function startRequested(m: { session: string; id: string; payload: 
     if (!sameRequest(parsed.data, existing)) host.logger.warn({ session: m.session }, "dropped a start request for a run that exists with another goal or settings");
     return;
   }
-  const id = await host.start({ id: m.session, goal: parsed.data.goal, validators: parsed.data.validators, budgets: parsed.data.budgets });
+  const { goal, validators, budgets, cell_network } = parsed.data;
+  const id = await host.start({ id: m.session, goal, validators, budgets, ...(cell_network !== undefined ? { cellNetwork: cell_network } : {}) });
   host.logger.info({ session: id }, "started a submitted run");
 }
 
 /** True when a run created from `request` matches it (same goal, validators and budgets). */
-export function sameRequest(a: StartRequest, b: { goal: string; validators: readonly (readonly string[])[]; budgets: Budgets }): boolean {
-  return a.goal === b.goal && JSON.stringify(a.validators) === JSON.stringify(b.validators) && JSON.stringify(sortBudgets(a.budgets)) === JSON.stringify(sortBudgets(b.budgets));
+export function sameRequest(a: StartRequest, b: { goal: string; validators: readonly (readonly string[])[]; budgets: Budgets; cell_network?: "host" }): boolean {
+  return (
+    a.goal === b.goal &&
+    JSON.stringify(a.validators) === JSON.stringify(b.validators) &&
+    JSON.stringify(sortBudgets(a.budgets)) === JSON.stringify(sortBudgets(b.budgets)) &&
+    (a.cell_network ?? null) === (b.cell_network ?? null)
+  );
 }
 
 function sortBudgets(b: Budgets): Budgets {

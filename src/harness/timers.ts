@@ -10,8 +10,8 @@
 import { timerFiredEvents } from "../state/outcomes.js";
 import { wallDeadline } from "../state/next-step.js";
 import type { SessionProjection } from "../state/projection.js";
-import type { TimerRequest, TimerReply } from "./timer-server.js";
-import { startTimerServer, timerSocketPath } from "./timer-server.js";
+import { z } from "zod";
+import { type CellCaller, type CellReply, CellSocket } from "./cell-socket.js";
 import { event, identity } from "../state/events.js";
 import type { HarnessCore } from "./core.js";
 import type { SessionContext } from "./session.js";
@@ -111,30 +111,46 @@ export class SessionTimers {
   }
 }
 
+/** A timer request from a cell (`cairn timer`): the run and cell are the caller's, never named here. */
+export const TimerRequest = z.strictObject({
+  timer_id: z.string().min(1).max(200).regex(/^[A-Za-z0-9._:-]+$/, "timer_id may use letters, digits and . _ : -"),
+  delay_seconds: z.number().nonnegative().max(10 * 365 * 86400).optional(),
+  due_at: z.iso.datetime().optional(),
+  note: z.string().max(2000).optional(),
+  /** Accepted for older clients; ignored: the token says who asks. */
+  session: z.string().optional(),
+  cell: z.number().int().positive().nullable().optional(),
+});
+export type TimerRequest = z.infer<typeof TimerRequest>;
+
 /**
- * Registers a timer a running cell asked for over the timer socket, once per id: a repeated request
- * answers with the timer already registered.
+ * Registers a timer for `caller`'s run: committed before the reply. The same timer id again answers
+ * the registration that holds.
  */
-export async function registerTimer(core: HarnessCore, req: TimerRequest): Promise<TimerReply> {
-  const s = core.session(req.session);
-  if (s === undefined) return { ok: false, error: `session "${req.session}" does not exist` };
-  if (s.terminal !== null) return { ok: false, error: `session ${req.session} has ended; it takes no timers` };
+export async function registerTimer(core: HarnessCore, raw: Record<string, unknown>, caller: CellCaller): Promise<CellReply> {
+  const parsed = TimerRequest.safeParse(raw);
+  if (!parsed.success) return { ok: false, error: `bad timer request: ${parsed.error.issues.map((i) => `${i.path.join(".") || "request"}: ${i.message}`).join("; ")}` };
+  const req = parsed.data;
+  if ((req.delay_seconds === undefined) === (req.due_at === undefined)) return { ok: false, error: "give exactly one of delay_seconds or due_at" };
+  const session = caller.session;
+  const s = core.session(session);
+  if (s === undefined) return { ok: false, error: `session "${session}" does not exist` };
+  if (s.terminal !== null) return { ok: false, error: `session ${session} has ended; it takes no timers` };
   const existing = s.timers.get(req.timer_id);
   if (existing !== undefined) return { ok: true, timer_id: existing.timer_id, due_at: existing.due_at };
   const now = core.world.clock.now();
   const due = req.due_at !== undefined ? Date.parse(req.due_at) : now + (req.delay_seconds ?? 0) * 1000;
   const dueAt = new Date(due).toISOString();
   await core.commit([
-    event("timer_registered", req.session, identity.timer(req.session, req.timer_id), core.nowIso(), {
+    event("timer_registered", session, identity.timer(session, req.timer_id), core.nowIso(), {
       timer_id: req.timer_id,
-      cell_id: req.cell ?? null,
+      cell_id: caller.cell,
       due_at: dueAt,
       note: req.note ?? null,
     }),
   ]);
   return { ok: true, timer_id: req.timer_id, due_at: dueAt };
 }
-
 /** Sleeps that end early (false) when the harness stops: the model round's back-off. */
 export class Sleeper {
   private readonly sleepers = new Set<() => void>();
@@ -166,30 +182,39 @@ export class Sleeper {
 }
 
 /**
- * A harness's timers outside the log: the socket `cairn timer` reaches from inside a cell (started at
- * open), and the sleeps of the model round's back-off. `close` ends both.
+ * A harness's timers outside the log: the cell socket `cairn timer` reaches from inside a cell
+ * (started at open), and the sleeps of the model round's back-off. `close` ends both.
  */
 export class TimerHousekeeping {
   readonly sleeper: Sleeper;
-  private server: { path: string; close(): Promise<void> } | null = null;
+  private socket: CellSocket | null = null;
 
   constructor(fns: TimerFunctions, open: () => boolean) {
     this.sleeper = new Sleeper(fns, open);
   }
 
-  /** Starts the timer socket of database `name` under `workDir`; requests register timers through `core`. */
-  async listen(workDir: string, name: string, core: HarnessCore): Promise<void> {
-    this.server = await startTimerServer(timerSocketPath(workDir, name), (req) => registerTimer(core, req));
+  /** Starts the cell socket at `path`; timer requests register timers through `core`. */
+  async listen(path: string, core: HarnessCore): Promise<void> {
+    const socket = new CellSocket(async (op, req, caller) => {
+      if (op === "timer") return registerTimer(core, req, caller);
+      return { ok: false, error: `unknown request "${op.slice(0, 40)}": this harness answers "timer"` };
+    });
+    await socket.listen(path);
+    this.socket = socket;
   }
 
-  /** The socket's path while it listens. */
-  socket(): string | null {
-    return this.server?.path ?? null;
+  /** A token for a launch of `cell` in `session` (CAIRN_CELL_TOKEN), or null when the socket is not open. */
+  issue(session: string, cell: number): string | null {
+    return this.socket?.issue(session, cell) ?? null;
+  }
+
+  revoke(token: string): void {
+    this.socket?.revoke(token);
   }
 
   async close(): Promise<void> {
     this.sleeper.wakeAll();
-    await this.server?.close().catch(() => undefined);
-    this.server = null;
+    await this.socket?.close().catch(() => undefined);
+    this.socket = null;
   }
 }

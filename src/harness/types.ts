@@ -10,14 +10,20 @@ import type { Metrics } from "../observability/metrics.js";
 import type { HarnessFaults } from "./core.js";
 import type { HarnessLimits } from "./options.js";
 import type { HarnessWorld } from "./world.js";
+import type { SandboxOptions } from "./boundary.js";
 
 export interface HarnessOpenOptions {
   readonly storage: Storage;
   /** The database name, e.g. `harness-1`. */
   readonly name: string;
   readonly model: Model;
-  /** Where script files and the timer socket live (default: a `cairn` folder in the OS temp dir). */
+  /**
+   * Where the harness makes its private runtime directory (scripts, the cell socket): a new 0700
+   * directory with a random name is made inside it and removed at close. Default: the OS temp dir.
+   */
   readonly workDir?: string;
+  /** How cells are contained (sandbox, network, limits, environment); see boundary.ts. Default: `auto`. */
+  readonly sandbox?: SandboxOptions;
   /** Create the database when missing (default true). `cairn resume` passes false. */
   readonly create?: boolean;
   readonly world?: HarnessWorld;
@@ -41,6 +47,8 @@ export interface StartOptions {
   readonly budgets?: Budgets;
   /** A session id the caller chose (see start-request.ts for the allowed form); default: the next `sN`. */
   readonly id?: string;
+  /** "host": this run's cells get the host's network (recorded in its log). Default: the worker's setting. */
+  readonly cellNetwork?: "off" | "host";
 }
 
 export interface RunOutcome {

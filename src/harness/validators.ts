@@ -4,6 +4,7 @@
  * executor, in their own process group, so the wall-time limit stops the whole group (a validator's
  * grandchildren included) and output is bounded.
  */
+import type { CellBoundary } from "../exec/executor.js";
 import type { LaunchSpec, Prepared } from "./world.js";
 
 export interface ValidatorRun {
@@ -22,6 +23,7 @@ export async function runValidator(
   cwd: string,
   wallTimeMs: number,
   scriptDir: string,
+  boundary?: CellBoundary,
 ): Promise<ValidatorRun> {
   let output = "";
   const prepared = await executor.prepare({
@@ -29,6 +31,7 @@ export async function runValidator(
     cell: { kind: "cmd", argv: [...argv] },
     cwd,
     scriptDir,
+    ...(boundary !== undefined ? { boundary } : {}),
     wallTimeMs,
     outputLimitBytes: 256 * 1024,
     onOutput: async (chunks) => {

@@ -109,6 +109,8 @@ export class Metrics {
   private readonly workerReady: Gauge;
 
   private readonly executions: Counter<"kind" | "result">;
+  private readonly launches: Counter<"sandbox" | "network">;
+  private readonly sandboxed: Gauge<"sandbox">;
   private readonly executionDuration: Histogram<"kind">;
   private readonly dispatch: Histogram;
   private readonly queued: Gauge;
@@ -184,6 +186,8 @@ export class Metrics {
     this.workerReady = new Gauge({ name: "cairn_worker_ready", help: "1 while this worker owns its database and /readyz answers 200; 0 in standby, fenced or stopping.", registers });
 
     this.executions = new Counter({ name: "cairn_executions_total", help: "Finished executions by cell kind and result.", labelNames: ["kind", "result"], registers });
+    this.launches = new Counter({ name: "cairn_cell_launches_total", help: "Cells launched, by sandbox (bwrap or none) and network (off or host).", labelNames: ["sandbox", "network"], registers });
+    this.sandboxed = new Gauge({ name: "cairn_cell_sandbox", help: "1 for the sandbox this process runs cells in (bwrap, or none: the harness's user's reach), 0 for the other.", labelNames: ["sandbox"], registers });
     this.executionDuration = new Histogram({ name: "cairn_execution_duration_seconds", help: "Wall time of finished executions (UnknownExecution excluded: no known end).", labelNames: ["kind"], buckets: EXECUTION_BUCKETS, registers });
     this.dispatch = new Histogram({ name: "cairn_dispatch_latency_seconds", help: "Time from the committed launch authorization to the child process start.", buckets: DISPATCH_BUCKETS, registers });
     this.queued = new Gauge({ name: "cairn_executions_queued", help: "Executions accepted and not yet launched.", registers });
@@ -286,6 +290,17 @@ export class Metrics {
   workerState(state: WorkerState, ready: boolean): void {
     for (const s of WORKER_STATES) this.worker.set({ state: s }, s === state ? 1 : 0);
     this.workerReady.set(ready ? 1 : 0);
+  }
+
+  /** The sandbox this process runs cells in. */
+  sandbox(kind: "bwrap" | "none"): void {
+    this.sandboxed.set({ sandbox: "bwrap" }, kind === "bwrap" ? 1 : 0);
+    this.sandboxed.set({ sandbox: "none" }, kind === "none" ? 1 : 0);
+  }
+
+  /** A cell was launched (its `execution_started` committed). */
+  cellLaunched(sandbox: "bwrap" | "none", network: "off" | "host"): void {
+    this.launches.inc({ sandbox, network });
   }
 
   /** An execution finished; `seconds` is null when its end is unknown (UnknownExecution). */

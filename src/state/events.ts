@@ -33,6 +33,8 @@ export const EventBodies = {
     /** Each validator is an argv, run in `cwd` before a `success` conclusion is accepted. */
     validators: z.array(z.array(z.string()).min(1)),
     budgets: Budgets,
+    /** The run asked for the host's network in its cells (`--cell-network host`); absent: none. */
+    cell_network: z.literal("host").optional(),
   }),
   /** An observation entered the session's inbox (from an execution, a timer, a control note or outside). */
   inbox_received: z.strictObject({ observation: Observation }),
@@ -112,6 +114,9 @@ export const EventBodies = {
     pgid: z.number().int().positive(),
     /** The process start time in clock ticks since boot (/proc/PID/stat field 22), as a string. */
     start_time: z.string(),
+    /** The boundary it runs in: bubblewrap or none, and its network. Absent in logs older than the sandbox. */
+    sandbox: z.enum(["bwrap", "none"]).optional(),
+    network: z.enum(["off", "host"]).optional(),
   }),
   execution_output: z.strictObject({
     cell_id: CellId,

@@ -239,10 +239,16 @@ export function toJson(value: unknown): unknown {
 /** The event that begins a run toward `goal`; the goal, cwd, validators and budgets are fixed for its life. */
 export function sessionCreated(
   id: string,
-  o: { readonly goal: string; readonly cwd: string; readonly validators?: readonly (readonly string[])[]; readonly budgets?: EventBody<"session_created">["budgets"] },
+  o: { readonly goal: string; readonly cwd: string; readonly validators?: readonly (readonly string[])[]; readonly budgets?: EventBody<"session_created">["budgets"]; readonly cellNetwork?: "off" | "host" },
   at: string,
 ): NewEvent {
-  return event("session_created", id, identity.session(id), at, { goal: o.goal, cwd: o.cwd, validators: (o.validators ?? []).map((v) => [...v]), budgets: o.budgets ?? {} });
+  return event("session_created", id, identity.session(id), at, {
+    goal: o.goal,
+    cwd: o.cwd,
+    validators: (o.validators ?? []).map((v) => [...v]),
+    budgets: o.budgets ?? {},
+    ...(o.cellNetwork === "host" ? { cell_network: "host" as const } : {}),
+  });
 }
 
 /**

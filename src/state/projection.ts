@@ -44,7 +44,7 @@ export interface ExecutionRecord {
   readonly phase: ExecutionPhase;
   /** The seq of the `execution_queued` event: dispatch follows this order. */
   readonly queued_seq: number;
-  readonly started: (ProcessIdentity & { readonly seq: number; readonly at: string }) | null;
+  readonly started: (ProcessIdentity & { readonly seq: number; readonly at: string; readonly sandbox?: "bwrap" | "none"; readonly network?: "off" | "host" }) | null;
   readonly result: ExecutionResult | null;
   readonly exit_code: number | null;
   readonly signal: string | null;
@@ -119,6 +119,8 @@ export interface SessionProjection {
   readonly cwd: string;
   readonly validators: readonly (readonly string[])[];
   readonly budgets: Budgets;
+  /** "host" when the run asked for the host's network in its cells. */
+  readonly cell_network?: "host";
   readonly created_at: string;
   /** The model's State. `runtime.inbox` holds the observations delivered to the open turn. */
   readonly state: State;

@@ -325,6 +325,7 @@ function newSession(id: string, at: string, body: LogEvent<"session_created">["b
     cwd: body.cwd,
     validators: body.validators,
     budgets: body.budgets,
+    ...(body.cell_network !== undefined ? { cell_network: body.cell_network } : {}),
     created_at: at,
     state: initialState(id, body.goal),
     cells: new Map(),

@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { execa } from "execa";
-import { existsSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { createExecutor, type GatedLaunch, type LaunchSpec, type Prepared } from "../../src/exec/executor.js";
@@ -102,11 +102,12 @@ describe("the launch gate", () => {
     assert.equal(existsSync(marker), false, "the cell never ran");
   });
 
-  test("exec keeps the identity: after release the same pid and start time run the command", async () => {
+  test("exec keeps the identity: after release the same pid and start time run the cell's init, whose child is the command, in the same group", async () => {
     const g = gated(await executor.prepare(spec({ kind: "cmd", argv: ["sleep", "30"] })));
     g.release();
-    await waitFor(() => readFileSync(`/proc/${g.identity.pid}/comm`, "utf8").trim() === "sleep", 10_000, "exec of sleep");
+    await waitFor(() => readFileSync(`/proc/${g.identity.pid}/comm`, "utf8").trim() === "cairn-init", 10_000, "exec of the init");
     assert.equal(processStartTime(g.identity.pid), g.identity.start_time);
+    await waitFor(() => liveGroupMembers(g.identity.pgid).some((pid) => pid !== g.identity.pid && readFileSync(`/proc/${pid}/comm`, "utf8").trim() === "sleep"), 10_000, "the command in the gate's group");
     await g.stop("cancelled");
     const outcome = await g.done;
     assert.equal(outcome.result, "cancelled");
@@ -177,9 +178,13 @@ describe("script cells", () => {
     const outcome = await run(s);
     assert.equal(outcome.result, "success", s.out.text("stderr"));
     assert.equal(s.out.text("stdout"), "hi True\n");
-    const file = join(s.scriptDir, `cell-${s.cellId}.py`);
+    const files = readdirSync(s.scriptDir).filter((f) => f.startsWith(`cell-${s.cellId}-`));
+    assert.equal(files.length, 1, "one file of its own for this launch");
+    const file = join(s.scriptDir, files[0]!);
+    assert.match(files[0]!, /^cell-\d+-[0-9a-f]{12}\.py$/);
     assert.equal(readFileSync(file, "utf8"), source);
     assert.equal(statSync(file).mode & 0o777, 0o600);
+    assert.equal(statSync(s.scriptDir).mode & 0o777, 0o700);
   });
 
   test("a script declaring dependencies with no uv is unlaunchable, and says how to get uv", async () => {
@@ -206,7 +211,7 @@ describe("script cells", () => {
     const s = spec({ kind: "script", source: '# /// script\n# dependencies = ["rich"]\n# ///\nprint(1)\n' });
     const outcome = await run(s, ex);
     assert.equal(outcome.result, "success");
-    assert.equal(s.out.text("stdout"), `run --script ${join(s.scriptDir, `cell-${s.cellId}.py`)}\n`);
+    assert.match(s.out.text("stdout"), new RegExp(`^run --script ${s.scriptDir}/cell-${s.cellId}-[0-9a-f]{12}\\.py\n$`));
   });
 });
 
@@ -251,7 +256,7 @@ describe("limits and stopping", () => {
     g.release();
     const outcome = await g.done;
     assert.equal(outcome.result, "error");
-    assert.equal(outcome.detail, "wall-time limit of 0.5 s reached");
+    assert.equal(outcome.detail, "killed: wall-time limit of 0.5 s reached");
     assert.equal(outcome.signal, "SIGTERM");
     const grandchild = Number(readFileSync(pidFile, "utf8"));
     assert.equal(isAlive(grandchild), false, "the background sleep is gone");
@@ -291,9 +296,10 @@ describe("limits and stopping", () => {
 });
 
 describe("cell environment", () => {
-  test("withholds the harness's secrets from cells and passes everything else", async () => {
-    const { cellBaseEnv } = await import("../../src/exec/executor.js");
-    const env = cellBaseEnv({ PATH: "/bin", ANTHROPIC_API_KEY: "sk-secret", OPENAI_API_KEY: "k", CAIRN_ETCD_PASSWORD: "p", GITHUB_TOKEN: "mine", CAIRN_CHAOS_KILL_AT: "x" });
-    assert.deepEqual(env, { PATH: "/bin", GITHUB_TOKEN: "mine" });
+  test("comes from an allow-list: a secret whose name nobody listed never reaches a cell; a variable the operator names does", async () => {
+    const { cellEnvironment } = await import("../../src/exec/environment.js");
+    const host = { PATH: "/bin", LANG: "C.UTF-8", LC_ALL: "C", TZ: "UTC", ANTHROPIC_API_KEY: "sk-secret", OPENAI_API_KEY: "k", CAIRN_ETCD_PASSWORD: "p", GITHUB_TOKEN: "mine", AWS_SECRET_ACCESS_KEY: "aws", CAIRN_UI_TOKEN: "ui", GIT_AUTHOR_NAME: "me" };
+    assert.deepEqual(cellEnvironment(host, [], { CAIRN_SESSION: "s1" }), { PATH: "/bin", LANG: "C.UTF-8", LC_ALL: "C", TZ: "UTC", CAIRN_SESSION: "s1" });
+    assert.deepEqual(cellEnvironment(host, ["GIT_AUTHOR_NAME", "NOT_SET"], {}), { PATH: "/bin", LANG: "C.UTF-8", LC_ALL: "C", TZ: "UTC", GIT_AUTHOR_NAME: "me" });
   });
 });

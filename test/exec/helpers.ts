@@ -80,9 +80,9 @@ export function comm(pid: number): string | null {
  * Connects to the abstract socket `name` (a launcher's harness end), writes `payload`, and resolves
  * true once the other end closes the connection, false when it is still open after 60 s.
  */
-export function closedAfterWriting(name: string, payload: string): Promise<boolean> {
+export function closedAfterWriting(path: string, payload: string): Promise<boolean> {
   return new Promise<boolean>((resolve) => {
-    const s = connect(`\0${name}`, () => s.write(payload));
+    const s = connect(path, () => s.write(payload));
     s.on("error", () => resolve(true));
     s.on("close", () => resolve(true));
     setTimeout(() => {

@@ -1,0 +1,32 @@
+/**
+ * A cell's environment, built from an allow-list, never from the harness's own environment minus a
+ * deny-list: a secret whose name nobody thought of (GITHUB_TOKEN, ANTHROPIC_AUTH_TOKEN, a cloud key)
+ * never reaches a cell unless the operator names it (`--cell-env NAME`).
+ */
+
+/** Variables every cell gets from the harness's environment, when set. */
+const ALLOWED = ["PATH", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "COLORTERM", "NO_COLOR"];
+/** Prefixes allowed likewise (locale settings). */
+const ALLOWED_PREFIXES = ["LC_"];
+
+/** The shape of a variable name an operator may pass on (`--cell-env NAME`). */
+export const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/**
+ * The environment of a cell: the allow-listed variables of `host`, the ones the operator named in
+ * `passed` (absent ones are skipped), then `fixed` (what Cairn sets: HOME, TMPDIR, CAIRN_*), which
+ * wins over both.
+ */
+export function cellEnvironment(host: NodeJS.ProcessEnv, passed: readonly string[], fixed: Readonly<Record<string, string>>): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, v] of Object.entries(host)) {
+    if (v === undefined) continue;
+    if (ALLOWED.includes(k) || ALLOWED_PREFIXES.some((p) => k.startsWith(p))) out[k] = v;
+  }
+  for (const name of passed) {
+    const v = host[name];
+    if (v !== undefined) out[name] = v;
+  }
+  if (out.PATH === undefined) out.PATH = "/usr/local/bin:/usr/bin:/bin";
+  return { ...out, ...fixed };
+}
