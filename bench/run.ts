@@ -9,12 +9,14 @@ import { runEtcdBench } from "./etcd.js";
 import { runIdleBench, runReplicatedIdleBench } from "./idle.js";
 import { runSilentBench } from "./silent.js";
 import { runRoundsBench } from "./rounds.js";
+import { runDurableStreamsBench } from "./durable-streams.js";
 
 const all: Record<string, () => Promise<void>> = {
   sqlite: () => runSqliteBench(),
   dispatch: () => runDispatchBench(),
   recovery: () => runRecoveryBench(),
   etcd: () => runEtcdBench(),
+  "durable-streams": () => runDurableStreamsBench(),
   idle: async () => {
     await runIdleBench({ seconds: 30 });
     await runReplicatedIdleBench({ seconds: 30 });
