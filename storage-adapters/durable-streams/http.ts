@@ -199,6 +199,13 @@ export class Wire {
       throw new DsProtocolError(`read of ${this.url(path)} from offset ${offset} answered a body that is not JSON (${text.length} bytes, starting ${JSON.stringify(text.slice(0, 80))})`);
     }
     if (!Array.isArray(messages)) throw new DsProtocolError(`read of ${this.url(path)} answered JSON that is not an array of messages`);
+    // No message after `offset` means the tail is `offset` (PROTOCOL.md 5.6). A server that answers
+    // nothing yet moves the offset holds bytes it cannot return as messages (the reference server,
+    // after a torn frame at the end of a stream file that its recovery left in place): refuse to skip them.
+    // Callers read until an empty answer (log-view.ts) so that this check sees every tail.
+    if (messages.length === 0 && offset !== START && next !== offset) {
+      throw new DsProtocolError(`read of ${this.url(path)} from offset ${offset} returned no message but moved the offset to ${next}: the server holds data there it cannot return (a damaged stream file?)`);
+    }
     return { kind: "data", messages, next, upToDate: res.headers.get("stream-up-to-date") === "true" };
   }
 

@@ -97,7 +97,10 @@ export class LogView {
       }
       if (res.kind === "timeout") return;
       this.applyMessages(res.messages, res.next);
-      if (res.upToDate || res.messages.length === 0) return;
+      // Read until a read answers nothing: "up to date" alone is not trusted, because a server that
+      // cannot return what lies after this answer (http.ts: a damaged stream file) says it too; the
+      // empty answer's offset then shows it.
+      if (res.messages.length === 0) return;
     }
   }
 
@@ -167,7 +170,7 @@ export class LogView {
         if (record.t === "commit") kept.push({ f: record.f, c: record.c, ev: record.ev, h: record.h });
       }
       offset = res.next;
-      if (res.upToDate || res.messages.length === 0) break;
+      if (res.messages.length === 0) break;
     }
     for (const r of kept) {
       if (r.f + r.c - 1 <= afterSeq) continue;

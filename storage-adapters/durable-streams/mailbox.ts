@@ -51,7 +51,8 @@ export class MailView {
         if (verdict !== null) verdicts.push(verdict);
       }
       this.end = res.next;
-      if (res.upToDate || res.messages.length === 0) return verdicts;
+      // As the log's (log-view.ts): only an empty answer ends the read.
+      if (res.messages.length === 0) return verdicts;
     }
   }
 

@@ -31,14 +31,32 @@ export async function devServer(prefix: string, options: { longPollMs?: number }
  * takes the file's length as the truth and keeps the old producer state (file-store.ts, recover()).
  */
 export function orphanFrame(server: DevServer, path: string, record: unknown): void {
+  const data = Buffer.from(`${JSON.stringify(record)},`, "utf8");
+  const length = Buffer.alloc(4);
+  length.writeUInt32BE(data.length, 0);
+  appendFileSync(segmentFile(server, path), Buffer.concat([length, data, Buffer.from("\n")]));
+}
+
+/**
+ * Appends the first `keep` bytes of the frame of `record` to stream `path`'s segment file, with the
+ * server stopped: a write cut short by the server's death (a SIGKILL during a large write returns a
+ * short write). The server's recovery skips a torn frame when it computes the offset but leaves its
+ * bytes in the file.
+ */
+export function tornFrame(server: DevServer, path: string, record: unknown, keep: number): void {
+  const data = Buffer.from(`${JSON.stringify(record)},`, "utf8");
+  const length = Buffer.alloc(4);
+  length.writeUInt32BE(data.length, 0);
+  appendFileSync(segmentFile(server, path), Buffer.concat([length, data, Buffer.from("\n")]).subarray(0, keep));
+}
+
+/** The reference server's segment file of stream `path` (relative to the base URL). */
+function segmentFile(server: DevServer, path: string): string {
   const encoded = Buffer.from(`${STREAM_PREFIX}/${path}`, "utf8").toString("base64").replace(/\+/g, "-").replace(/\//g, "_").replace(/=/g, "");
   const dir = join(server.dir, "streams");
   const files = readdirSync(dir).filter((f) => f.startsWith(`${encoded}~`) && f.endsWith(".log"));
   assert.equal(files.length, 1, `one segment file for ${path} in ${dir}: ${files.join(", ")}`);
-  const data = Buffer.from(`${JSON.stringify(record)},`, "utf8");
-  const length = Buffer.alloc(4);
-  length.writeUInt32BE(data.length, 0);
-  appendFileSync(join(dir, files[0]!), Buffer.concat([length, data, Buffer.from("\n")]));
+  return join(dir, files[0]!);
 }
 
 /** How many times the server's recovery found a stream file longer than its metadata (the crash window hit). */

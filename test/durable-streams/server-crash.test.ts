@@ -16,13 +16,14 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import { LoopModel } from "../../chaos/support/loop-model.js";
+import { hasCode } from "../../src/errors.js";
 import { Harness } from "../../src/harness/harness.js";
 import type { CommitReceipt, Database } from "../../src/storage/contract.js";
 import { inbox, sessionCreated } from "../../src/storage/conformance/fixtures.js";
 import { prepareBatch } from "../../src/storage/semantics.js";
 import { createDurableStreamsStorage } from "../../storage-adapters/durable-streams/index.js";
 import { claimRecord, commitRecord } from "../../storage-adapters/durable-streams/records.js";
-import { assertReceipted, assertWellFormed, devServer, orphanFrame, reconciled, withServerLog } from "./helpers.js";
+import { assertReceipted, assertWellFormed, devServer, orphanFrame, reconciled, tornFrame, withServerLog } from "./helpers.js";
 
 const seed = process.env["CAIRN_SEED"] !== undefined ? Number(process.env["CAIRN_SEED"]) : Date.now() % 100_000;
 function random(n: number): () => number {
@@ -190,6 +191,30 @@ describe("durable-streams: the reference server killed and restarted", { timeout
       assert.equal(await next.head(), 4);
       assert.equal((await next.read(3))[0]!.identity, lost[0]!.identity);
       await assert.rejects(next.commit(lost), (err: unknown) => (err as { reason?: string }).reason === "duplicate_identity", "its identity is known to the next owner");
+    } finally {
+      await a.close();
+      await b.close();
+    }
+  });
+
+  it("a torn frame the server's recovery leaves in a stream file hides later appends from its reads: refused, never skipped", async () => {
+    const server = await devServer("torn");
+    const a = createDurableStreamsStorage({ url: server.url });
+    const b = createDurableStreamsStorage({ url: server.url });
+    try {
+      const db = await a.open("torn");
+      await db.commit([sessionCreated("s1")]);
+      await db.commit([inbox("s1", "one")]);
+      await server.kill();
+      // A large record cut after 60 bytes: the length it announces runs past everything after it.
+      tornFrame(server, "torn/log", commitRecord(db.epoch, 4, 3, 1, JSON.stringify(prepareBatch([inbox("s1", "torn", { pad: "x".repeat(4000) })]))), 60);
+      await server.restart();
+      // The server appends after the torn bytes and acknowledges; its reads then stop at the torn frame.
+      assert.deepEqual(await db.commit([inbox("s1", "after-the-tear")]), { firstSeq: 3, lastSeq: 3 });
+      const raw = (await (await fetch(`${server.url}/torn/log?offset=-1`)).json()) as { t: string }[];
+      assert.equal(raw.filter((r) => r.t === "commit").length, 2, "the reference server's read no longer returns the acknowledged append (its bug)");
+      await assert.rejects(readAll(server.url, "torn"), (err: unknown) => hasCode(err, "uncertain") && /cannot return/.test((err as Error).message), "a reader refuses the log instead of missing a commit");
+      await assert.rejects(b.open("torn"), (err: unknown) => hasCode(err, "uncertain"), "so does the next opener");
     } finally {
       await a.close();
       await b.close();
