@@ -92,3 +92,76 @@ export async function withServerLog<T>(server: DevServer, body: () => Promise<T>
     throw err;
   }
 }
+
+/** A request as a proxy rule sees it. */
+export interface ProxiedRequest {
+  readonly method: string;
+  readonly path: string;
+  readonly headers: Record<string, string>;
+  readonly body: string;
+}
+
+/** An HTTP proxy in front of a server that can lose answers: the network between the adapter and the server, misbehaving on purpose. */
+export interface LossyProxy {
+  /** The base URL to give the adapter (same path as the server's). */
+  readonly url: string;
+  /**
+   * Loses the answer to the next request matching `match`: with `before`, the request is never
+   * forwarded (lost on the way); otherwise it is forwarded, the server applies it, and its answer is
+   * lost. `hook` runs in between (before the connection is cut). Resolves once that happened.
+   */
+  lose(match: (req: ProxiedRequest) => boolean, options?: { before?: boolean; hook?: () => Promise<void> }): Promise<void>;
+  close(): Promise<void>;
+}
+
+const HOP = new Set(["content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive", "host"]);
+
+/** Starts a lossy proxy to `server` (closed after the file's tests). */
+export async function lossyProxy(server: DevServer): Promise<LossyProxy> {
+  const { createServer } = await import("node:http");
+  const upstream = new URL(server.url).origin;
+  const rules: { match: (req: ProxiedRequest) => boolean; before: boolean; hook: (() => Promise<void>) | undefined; done: () => void }[] = [];
+  const proxy = createServer((req, res) => {
+    void (async () => {
+      const chunks: Buffer[] = [];
+      for await (const c of req) chunks.push(c as Buffer);
+      const headers: Record<string, string> = {};
+      for (const [k, v] of Object.entries(req.headers)) if (!HOP.has(k) && typeof v === "string") headers[k] = v;
+      const seen: ProxiedRequest = { method: req.method ?? "GET", path: req.url ?? "/", headers, body: Buffer.concat(chunks).toString("utf8") };
+      const i = rules.findIndex((r) => r.match(seen));
+      const rule = i >= 0 ? rules.splice(i, 1)[0] : undefined;
+      if (rule?.before === true) {
+        await rule.hook?.();
+        req.socket.destroy();
+        rule.done();
+        return;
+      }
+      const up = await fetch(`${upstream}${seen.path}`, { method: seen.method, headers, ...(seen.method === "GET" || seen.method === "HEAD" ? {} : { body: Buffer.concat(chunks) }) });
+      const body = Buffer.from(await up.arrayBuffer());
+      if (rule !== undefined) {
+        await rule.hook?.();
+        req.socket.destroy();
+        rule.done();
+        return;
+      }
+      const out: Record<string, string> = {};
+      up.headers.forEach((v, k) => {
+        if (!HOP.has(k)) out[k] = v;
+      });
+      res.writeHead(up.status, out);
+      res.end(body);
+    })().catch(() => req.socket.destroy());
+  });
+  await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", () => r()));
+  const port = (proxy.address() as { port: number }).port;
+  const close = async () => {
+    proxy.closeAllConnections();
+    await new Promise<void>((r) => proxy.close(() => r()));
+  };
+  after(close);
+  return {
+    url: `http://127.0.0.1:${port}${new URL(server.url).pathname}`,
+    lose: (match, options = {}) => new Promise<void>((done) => rules.push({ match, before: options.before === true, hook: options.hook, done })),
+    close,
+  };
+}
