@@ -28,6 +28,9 @@ import { cutOf, storedOf, writeSegment, writeSnapshotBody, type LoadedSnapshot, 
 /** How often an owner whose watch heard of no claim still reads the log's tail (a claimant that died before its notice). */
 const QUIET_FENCE_CHECK_MS = 10_000;
 
+/** A long-poll answered sooner than this with nothing new is followed by a pause of this long. */
+const LONG_POLL_FLOOR_MS = 500;
+
 /** What `openDatabase` hands the handle. */
 export interface OwnerParts {
   readonly ctx: DsContext;
@@ -367,13 +370,16 @@ export class DsDatabase implements Database {
     let lastLogCheck = Date.now();
     while (!signal.aborted) {
       try {
+        const asked = Date.now();
         const res = await this.ctx.wire.read(owners, this.ownersEnd, true, signal);
         let check = Date.now() - lastLogCheck >= QUIET_FENCE_CHECK_MS;
-        if (res.kind === "data") {
+        if (res.kind === "data" && res.messages.length > 0) {
           if (res.messages.some((m) => (noticeEpoch(m) ?? 0) > this.epoch)) check = true;
           this.ownersEnd = res.next;
-        } else if (res.kind === "timeout") {
+        } else if (res.kind === "data" || res.kind === "timeout") {
           this.ownersEnd = res.next;
+          // A server that answers a long-poll at once with nothing must not make this loop spin.
+          if (Date.now() - asked < LONG_POLL_FLOOR_MS) await sleep(LONG_POLL_FLOOR_MS);
         } else {
           await sleep(1000);
         }
@@ -400,7 +406,9 @@ export class DsDatabase implements Database {
           this.mailSeen = this.mail.state.lastMseq;
           if (this.mail.state.unacked.size > 0) this.watchers.notify({ type: "mailbox" });
         }
-        await this.ctx.wire.read(mail, this.mail.end, true, signal);
+        const asked = Date.now();
+        const res = await this.ctx.wire.read(mail, this.mail.end, true, signal);
+        if ((res.kind === "timeout" || (res.kind === "data" && res.messages.length === 0)) && Date.now() - asked < LONG_POLL_FLOOR_MS) await sleep(LONG_POLL_FLOOR_MS);
       } catch {
         if (signal.aborted) return;
         await sleep(1000);
