@@ -125,8 +125,12 @@ describe("cairn on --storage durable-streams", { timeout: 600_000 }, () => {
       await until("the timeline stream to send an update", () => streamed.join("").includes("event: update"));
 
       model.release();
-      await h.wait(s);
-      await until("--follow to print the end of the run", () => follow.out().includes('"run_ended"'));
+      const ended = await h.wait(s);
+      const logged = await until("--follow to print the end of the run", () => {
+        if (follow.child.exitCode !== null) throw new Error(`cairn log --follow exited ${follow.child.exitCode}: ${follow.err()}`);
+        return follow.out().includes('"run_ended"') || (h.status !== "open" ? `the owner stopped (${h.status}) after the run's wait answered ${JSON.stringify(ended)}` : false);
+      });
+      assert.equal(logged, true, String(logged));
       ac.abort();
       await reading;
       follow.child.kill("SIGINT");

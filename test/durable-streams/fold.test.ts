@@ -236,6 +236,6 @@ describe("durable-streams log fold: model of a server that forgets its last prod
       }),
       { seed, numRuns: Number(process.env["CAIRN_FOLD_RUNS"] ?? "400") },
     );
-    assert.ok(orphans > 100 && voided > 20 && receiptsTotal > 1000, `the model exercised too little (orphans ${orphans}, voided ${voided}, receipts ${receiptsTotal}, seed ${seed})`);
+    assert.ok(orphans > 100 && voided > 20 && receiptsTotal > 400, `the model exercised too little (orphans ${orphans}, voided ${voided}, receipts ${receiptsTotal}, seed ${seed})`);
   });
 });
