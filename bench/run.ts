@@ -4,6 +4,7 @@
  */
 import { runSqliteBench } from "./sqlite.js";
 import { runDispatchBench } from "./dispatch.js";
+import { runLaunchBench } from "./launch.js";
 import { runRecoveryBench } from "./recovery.js";
 import { runEtcdBench } from "./etcd.js";
 import { runIdleBench, runReplicatedIdleBench } from "./idle.js";
@@ -13,6 +14,7 @@ import { runRoundsBench } from "./rounds.js";
 const all: Record<string, () => Promise<void>> = {
   sqlite: () => runSqliteBench(),
   dispatch: () => runDispatchBench(),
+  launch: () => runLaunchBench(),
   recovery: () => runRecoveryBench(),
   etcd: () => runEtcdBench(),
   idle: async () => {

@@ -91,6 +91,8 @@ function renderStatus(i: Inspection & OwnershipView): string[] {
     out.push("");
     out.push(`run ${s.id}: ${s.status === "owner_gone" ? "unfinished, owner gone (nobody drives it)" : s.status}${s.result ? ` (${s.result.reason})` : ""}${s.blocked ? ` (${s.blocked.reason})` : ""}`);
     out.push(`  goal: ${s.goal}`);
+    if (s.cells_ran_in !== null) out.push(`  cells: ${s.cells_ran_in.sandbox === "bwrap" ? `sandboxed (bubblewrap), network ${s.cells_ran_in.network}` : "NOT sandboxed (--sandbox none): the worker's full reach"}`);
+    else if (s.cell_network === "host") out.push("  cells: host network asked for");
     out.push(`  cwd: ${s.cwd}; revision ${s.revision}; ${s.rounds} round(s); tokens ${s.usage.input_tokens} in, ${s.usage.output_tokens} out; ${s.usage.attempts} attempt(s)${s.usage.unknown_usage_attempts ? ` (${s.usage.unknown_usage_attempts} with unknown usage)` : ""}`);
     const exec = new Map(s.executions.map((e) => [e.cell_id, e]));
     for (const c of s.cells) {

@@ -128,7 +128,7 @@ export class LogText {
     switch (e.kind) {
       case "session_created":
         return [
-          this.line(s, e.at, "run", `${this.paint("bold", s)} started ${e.at}: ${JSON.stringify(e.body.goal)} in ${e.body.cwd}${e.body.validators.length ? `; validators: ${e.body.validators.map((v) => v.join(" ")).join(", ")}` : ""}`),
+          this.line(s, e.at, "run", `${this.paint("bold", s)} started ${e.at}: ${JSON.stringify(e.body.goal)} in ${e.body.cwd}${e.body.validators.length ? `; validators: ${e.body.validators.map((v) => v.join(" ")).join(", ")}` : ""}${e.body.cell_network === "host" ? "; cells on the host's network" : ""}`),
         ];
       case "owner_claimed":
         return [L("owner", `epoch ${e.body.epoch} on ${e.body.host} (pid ${e.body.pid}) since ${e.at}`, "cyan")];
@@ -163,7 +163,8 @@ export class LogText {
         return [];
       case "execution_started": {
         const c = this.cell(s, e.body.cell_id);
-        return [L(`cell ${e.body.cell_id}`, `${c?.kind ?? ""} started on ${e.body.host}${c?.epoch !== null && c?.epoch !== undefined ? ` epoch ${c.epoch}` : ""} (pid ${e.body.pid}): ${c?.summary ?? ""}`, "blue")];
+        const contained = e.body.sandbox === undefined ? "" : `, sandbox ${e.body.sandbox}${e.body.sandbox === "bwrap" ? `, network ${e.body.network ?? "off"}` : ""}`;
+        return [L(`cell ${e.body.cell_id}`, `${c?.kind ?? ""} started on ${e.body.host}${c?.epoch !== null && c?.epoch !== undefined ? ` epoch ${c.epoch}` : ""} (pid ${e.body.pid}${contained}): ${c?.summary ?? ""}`, e.body.sandbox === "none" ? "yellow" : "blue")];
       }
       case "execution_output":
         return this.outputLines(s, e.body.cell_id, e.body.data, false);
