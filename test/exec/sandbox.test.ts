@@ -4,7 +4,7 @@
  * the package and the flag, `cairn run` warns once and runs, `--sandbox required` refuses.
  */
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
@@ -218,4 +218,49 @@ describe("a script that declares dependencies, in a sandbox without network", { 
       assert.equal(existsSync(bin), false);
     }
   });
+});
+
+describe("nothing outlives a sandboxed cell", { skip: probeSandbox().ok ? false : "no sandbox here" }, () => {
+  const marker = (n: number) => `${n}.${process.pid}`;
+  const running = (argv: string[]): number[] => {
+    const want = `${argv.join("\0")}\0`;
+    return readdirSync("/proc").filter((e) => /^\d+$/.test(e) && (() => {
+      try {
+        return readFileSync(`/proc/${e}/cmdline`, "utf8") === want && !/^[ZX]$/.test(readFileSync(`/proc/${e}/stat`, "utf8").split(") ")[1]?.[0] ?? "");
+      } catch {
+        return false;
+      }
+    })()).map(Number);
+  };
+  const boundary = (): CellBoundary => {
+    const probe = probeSandbox();
+    assert.ok(probe.ok);
+    return { sandbox: { kind: "bwrap", bwrap: probe.bwrap }, network: "off", hide: [], passEnv: [], limits: DEFAULT_CELL_LIMITS };
+  };
+  const spawnLeftovers = (a: number, b: number): string[] => ["sh", "-c", `setsid sleep ${marker(a)} & (sleep ${marker(b)} &) ; echo started; sleep 600`];
+
+  for (const how of ["stop (cancel, shutdown, the wall-time limit)", "SIGKILL of its process group (the keeper at the lease deadline, a fence)"] as const) {
+    test(`${how}: its setsid child and double-forked daemon end with it`, async () => {
+      const [a, b] = how.startsWith("stop") ? [3101, 3102] : [3201, 3202];
+      const out = collector();
+      const ex = createExecutor({ killGraceMs: 300 });
+      const p = await ex.prepare({ cellId: 1, cell: { kind: "cmd", argv: spawnLeftovers(a, b) }, cwd: tmp.dir, scriptDir: join(tmp.dir, "leftover-scripts"), wallTimeMs: 60_000, outputLimitBytes: 1 << 20, flushIntervalMs: 10, boundary: boundary(), onOutput: out.onOutput });
+      assert.equal(p.kind, "gated");
+      if (p.kind !== "gated") return;
+      p.release();
+      const deadline = Date.now() + 60_000;
+      while (!(out.text("stdout").includes("started") && running(["sleep", marker(a)]).length === 1 && running(["sleep", marker(b)]).length === 1)) {
+        assert.ok(Date.now() < deadline, "the leftovers to start");
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      if (how.startsWith("stop")) await p.stop("cancelled");
+      else process.kill(-p.identity.pgid, "SIGKILL");
+      await p.done;
+      const gone = Date.now() + 30_000;
+      while (running(["sleep", marker(a)]).length + running(["sleep", marker(b)]).length > 0) {
+        assert.ok(Date.now() < gone, `left running: ${running(["sleep", marker(a)])} ${running(["sleep", marker(b)])}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    });
+  }
 });
