@@ -14,6 +14,7 @@ import { EXIT } from "./exit.js";
 import { hasCode } from "../errors.js";
 import type { Io } from "./main.js";
 import { followProgress } from "./progress.js";
+import { visibleLine } from "../ui/visible.js";
 import { chaosFaults } from "./chaos.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP, type StorageChoice } from "./storage.js";
 import { closeOwner, describeHolder, takeLease } from "./owner.js";
@@ -293,7 +294,8 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
         if (sessions.length > 1) io.err(`cairn: run ${sessions[i]} stopped: ${r.reason instanceof Error ? r.reason.message.split("\n", 1)[0] : String(r.reason)}`);
       }
     });
-    for (const o of outcomes) say(`cairn: run ${o.session} ${o.result === "success" ? "succeeded" : "failed"}: ${o.reason}`);
+    // The reason is the model's own text: printed with its control characters visible, as progress is.
+    for (const o of outcomes) say(`cairn: run ${o.session} ${o.result === "success" ? "succeeded" : "failed"}: ${visibleLine(o.reason)}`);
     if (stopped !== null) throw stopped;
     return outcomes.some((o) => o.result === "failure") ? EXIT.failure : EXIT.ok;
   } catch (err) {
