@@ -6,8 +6,9 @@
  * the worker waits in standby (/readyz 503 "standby: owned by HOST since ..."), and takes over when
  * that lease ends. It never fences a live owner on its own; `--takeover` (or `cairn resume`) does.
  * As owner it resumes unfinished runs, starts submitted ones, serves /metrics, /healthz and /readyz
- * (and the timeline page with --ui, behind the same access gate as `cairn ui`), idles at near-zero CPU, stops cleanly on SIGTERM, and exits 3 when fenced (after --fenced-linger,
- * so that scrapes see the fence).
+ * (and the timeline page with --ui, behind the same access gate as `cairn ui`), idles at near-zero
+ * CPU, stops cleanly on SIGTERM, and exits 3 when fenced (after --fenced-linger, so that scrapes see
+ * the fence).
  */
 import { existsSync, statSync } from "node:fs";
 import { resolve } from "node:path";
@@ -94,7 +95,7 @@ export function readiness(h: Harness, name: string): { ready: boolean; reason: s
 /** Without --ui: the page's paths say where the page is instead of a bare 404. */
 const NO_PAGE: TimelineHandler = {
   async handle(req, res) {
-    const path = new URL(req.url ?? "/", "http://localhost").pathname;
+    const path = new URL(req.url ?? "/", "http://localhost").pathname; // the server already refused a target that does not parse
     if (path !== "/" && !path.startsWith("/api/") && !path.startsWith("/ui/")) return false;
     res.writeHead(404, { "content-type": "text/plain; charset=utf-8", "cache-control": "no-store" });
     res.end("not found: this port serves /metrics, /healthz and /readyz; the timeline page is served here only with `cairn serve --ui` (or run `cairn ui`)\n");

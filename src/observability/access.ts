@@ -92,6 +92,18 @@ export function parseAllowHosts(values: readonly string[]): string[] {
   return out;
 }
 
+/**
+ * The path and query of a request target, or null when it does not parse (an absolute-form target
+ * with a bad host, `//[`...): such a request is refused, never allowed to throw in a handler.
+ */
+export function requestTarget(req: IncomingMessage): URL | null {
+  try {
+    return new URL(req.url ?? "/", "http://localhost");
+  } catch {
+    return null;
+  }
+}
+
 /** A request's verdict: refused (the response was sent) or allowed, with how the token came. */
 export type Verdict = { readonly allowed: false } | { readonly allowed: true; readonly tokenFromQuery: boolean };
 
@@ -158,7 +170,7 @@ export function createGate(policy: AccessPolicy, bindHost: string, port: number,
         return { allowed: false };
       }
       if (tokenDigest === null) return { allowed: true, tokenFromQuery: false };
-      const query = new URL(req.url ?? "/", "http://localhost").searchParams.get("token");
+      const query = requestTarget(req)?.searchParams.get("token");
       if (match(query)) {
         res.setHeader("set-cookie", `cairn_token=${encodeURIComponent(query!)}; HttpOnly; SameSite=Strict; Path=/`);
         return { allowed: true, tokenFromQuery: true };

@@ -11,7 +11,7 @@ import { createServer, type IncomingMessage, type ServerResponse } from "node:ht
 import type { AddressInfo, Socket } from "node:net";
 import type { Logger } from "pino";
 import { ConfigError } from "../errors.js";
-import { createGate, LOOPBACK_ONLY, parseAllowHosts, type AccessPolicy, type Gate } from "./access.js";
+import { createGate, LOOPBACK_ONLY, parseAllowHosts, requestTarget, type AccessPolicy, type Gate } from "./access.js";
 import type { Metrics } from "./metrics.js";
 
 /** What `ready()` answers: `reason` is served as the /readyz body either way. */
@@ -86,7 +86,9 @@ export async function startObservabilityServer(opts: ObservabilityServerOptions)
   let gate: Gate | null = null;
 
   const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
-    const path = new URL(req.url ?? "/", "http://localhost").pathname;
+    const target = requestTarget(req);
+    if (target === null) return send(res, 400, "bad request target\n");
+    const path = target.pathname;
     if (gate === null || !gate.check(req, res, path).allowed) {
       if (!res.headersSent) send(res, 503, "starting\n");
       return;

@@ -5,7 +5,7 @@
 import { createServer } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import type { Logger } from "pino";
-import { createGate, LOOPBACK_ONLY, parseAllowHosts, type AccessPolicy, type Gate } from "../observability/access.js";
+import { createGate, LOOPBACK_ONLY, parseAllowHosts, requestTarget, type AccessPolicy, type Gate } from "../observability/access.js";
 import { parseListen } from "../observability/server.js";
 import type { TimelineHandler } from "./server.js";
 
@@ -35,8 +35,12 @@ export async function startPageServer(listen: string, handler: TimelineHandler, 
   // Built once the port is bound: the Host check compares against the port actually served.
   let gate: Gate | null = null;
   const server = createServer((req, res) => {
-    const path = new URL(req.url ?? "/", "http://localhost").pathname;
-    if (gate === null || !gate.check(req, res, path).allowed) {
+    const target = requestTarget(req);
+    if (target === null) {
+      res.writeHead(400, { "content-type": "text/plain; charset=utf-8" }).end("bad request target\n");
+      return;
+    }
+    if (gate === null || !gate.check(req, res, target.pathname).allowed) {
       if (!res.headersSent) res.writeHead(503).end("starting\n");
       return;
     }

@@ -60,7 +60,8 @@ describe("roles.sh with CAIRN_ETCD_ENABLE_AUTH=true on a new cluster", () => {
       username: user,
       password,
       tls: { ca: certs.ca, cert: certs.clientCert, key: certs.clientKey },
-      commitTimeoutMs: 3000,
+      // A deadline per request, not a speed expectation: bcrypt per authentication is slow on a loaded machine.
+      commitTimeoutMs: 30_000,
     });
     storages.push(s);
     return s;

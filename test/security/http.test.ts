@@ -15,6 +15,7 @@ import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
 import { request } from "node:http";
+import { connect } from "node:net";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { event, identity } from "../../src/state/events.js";
@@ -55,6 +56,18 @@ function get(port: number, path: string, headers: Record<string, string> = {}, m
 }
 
 const OUTPUT = `/api/output?db=${DB}&session=s1&cell=1`;
+
+/** Sends `head` as the raw request on a fresh connection; resolves with the status line. */
+function raw(port: number, head: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = connect(port, "127.0.0.1", () => socket.write(head));
+    let text = "";
+    socket.setEncoding("utf8").on("data", (d: string) => (text += d));
+    socket.on("end", () => resolve(text.split("\r\n")[0] ?? ""));
+    socket.on("error", reject);
+    socket.setTimeout(60_000, () => socket.destroy(new Error("no answer (hang guard)")));
+  });
+}
 
 before(async () => {
   // A database with one run whose cell printed SECRET: what an attacker wants.
@@ -124,6 +137,24 @@ describe("the Host check (DNS rebinding)", () => {
         assert.match(r.body, new RegExp(SECRET));
       }
     } finally {
+      await s.close();
+    }
+  });
+
+  it("a request target that does not parse is refused with 400, and the server goes on answering", async () => {
+    const s = await observability(null);
+    const storage = createSqliteStorage({ dataDir });
+    const page = createTimelineHandler({ storage, databases: async () => [DB] });
+    const ui = await startPageServer("127.0.0.1:0", page);
+    try {
+      for (const port of [s.server.port, ui.port]) {
+        assert.match(await raw(port, `GET //[ HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nConnection: close\r\n\r\n`), /^HTTP\/1\.1 400/);
+        assert.equal((await get(port, "/healthz")).status, port === ui.port ? 404 : 200, "still answering");
+      }
+    } finally {
+      await ui.close();
+      await page.close();
+      await storage.close();
       await s.close();
     }
   });
