@@ -20,7 +20,7 @@ import { startPageServer } from "../../src/ui/http.js";
 import { tempDir } from "../harness/support.js";
 import { killAll, runScenario, spawnCairn, until, type Scenario, type Spawned } from "./scenario.js";
 
-const TOKEN = "s3cret-token";
+const TOKEN = "s3cret-token-of-the-page";
 const ARTIFACTS = join(ROOT, "artifacts", "ui");
 const t = tempDir("cairn-ui-");
 const children: ChildProcess[] = [];

@@ -116,13 +116,20 @@ describe("the page next to /metrics", () => {
     const storage = createMemoryStorage();
     const hold: { until: Promise<void> | null } = { until: null };
     const h = await Harness.open({ storage, name: "web", model: trickyModel(hold), workDir: t.dir });
-    const page = createTimelineHandler({ storage, databases: async () => ["web"], token: "tok", pollMs: 20 });
-    const server = await startObservabilityServer({ listen: "127.0.0.1:0", metrics: new Metrics({ adapter: "memory" }), ready: () => ({ ready: true, reason: "ok" }), routes: page });
+    const page = createTimelineHandler({ storage, databases: async () => ["web"], pollMs: 20 });
+    const server = await startObservabilityServer({
+      listen: "127.0.0.1:0",
+      metrics: new Metrics({ adapter: "memory" }),
+      ready: () => ({ ready: true, reason: "ok" }),
+      routes: page,
+      access: { allowHosts: [], token: "tok" },
+    });
     try {
       const s1 = await h.start({ goal: "first run", cwd: t.dir });
       await h.wait(s1);
-      assert.equal((await fetch(`${server.url}/metrics`)).status, 200, "/metrics needs no token");
-      assert.equal((await fetch(`${server.url}/healthz`)).status, 200);
+      assert.equal((await fetch(`${server.url}/metrics`)).status, 401, "/metrics needs the token in force");
+      assert.equal((await fetch(`${server.url}/metrics`, { headers: { authorization: "Bearer tok" } })).status, 200);
+      assert.equal((await fetch(`${server.url}/healthz`)).status, 200, "probes need no token");
       assert.equal((await fetch(`${server.url}/`)).status, 401);
       assert.equal((await fetch(`${server.url}/api/databases`, { headers: { cookie: "cairn_token=wrong" } })).status, 401);
       const home = await fetch(`${server.url}/?token=tok`);
