@@ -6,7 +6,7 @@
  * - floor of one round = three raw durable commits of the same adapter (sqlite: a fsynced INSERT
  *   transaction on a WAL/synchronous=FULL file; replicated: a guarded etcd transaction of the same
  *   shape as a commit, on the transport the adapter's commits use, txn-wire.ts) plus a plain
- *   asynchronous spawn of `true` to its exit;
+ *   asynchronous spawn of `true` to its exit, inside a bare bubblewrap sandbox when cells get one;
  * - for 1, 8 and 64 sessions in one process: ms per round (one session's wall time / its rounds),
  *   rounds/s in total, commits per round, durable writes per round (on replicated the etcd
  *   transactions: concurrent commits go out together, see groupDelayMs; on sqlite one per commit),
@@ -43,6 +43,8 @@
  * Prints numbers; asserts nothing.
  */
 import { spawn, execFile } from "node:child_process";
+import { bwrapArgv, probeSandbox } from "../src/exec/sandbox.js";
+import { nativeLauncherPath } from "../src/exec/launcher.js";
 import { mkdtempSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -130,10 +132,21 @@ function replicatedBackend(cluster: DevCluster): Backend {
   };
 }
 
-/** A plain asynchronous spawn of `true`, to its exit. */
+/**
+ * The floor's launch: a plain asynchronous spawn of `true`, to its exit, inside a bare bubblewrap
+ * sandbox of the shape cells get (the same namespaces, mounts and init) when this machine can build
+ * one, as the harness's cells then run in one; plain `true` otherwise.
+ */
+const sandboxProbe = probeSandbox();
+const floorLaunch: string[] = (() => {
+  const init = nativeLauncherPath();
+  if (!sandboxProbe.ok || init === null) return ["true"];
+  return bwrapArgv({ bwrap: sandboxProbe.bwrap, init, cwd: tmpdir(), network: "off", hide: [], binds: [], initArgs: [], argv: ["true"] });
+})();
+
 function spawnTrue(): Promise<void> {
   return new Promise((resolve, reject) => {
-    const child = spawn("true", [], { stdio: "ignore" });
+    const child = spawn(floorLaunch[0]!, floorLaunch.slice(1), { stdio: "ignore" });
     child.on("error", reject);
     child.on("exit", () => resolve());
   });
@@ -325,7 +338,7 @@ function warmupRounds(): number {
 const fmt = (x: number, d = 2) => (Number.isFinite(x) ? x.toFixed(d) : "-");
 
 async function roundsSection(backend: Backend, dir: string, rounds: number, sessionCounts: readonly number[]): Promise<void> {
-  console.log(`\n${backend.name}: ${rounds} rounds per session, one \`true\` cell per round; floor = 3 raw durable commits + spawn of \`true\``);
+  console.log(`\n${backend.name}: ${rounds} rounds per session, one \`true\` cell per round; floor = 3 raw durable commits + spawn of \`true\`${floorLaunch.length > 1 ? " in a bare bubblewrap sandbox (cells run sandboxed too)" : " (no sandbox here: cells run without one too)"}`);
   // The measured runs are sessions of one owner (one Harness on one database, as a worker holds its
   // database for hours or days) that has run unmeasured sessions first: its cell launcher started,
   // V8's hot code compiled. Until December 5 (twelfth session) each measured row opened a Harness of

@@ -4,6 +4,7 @@
  */
 import { runSqliteBench } from "./sqlite.js";
 import { runDispatchBench } from "./dispatch.js";
+import { runLaunchBench } from "./launch.js";
 import { runRecoveryBench } from "./recovery.js";
 import { runEtcdBench } from "./etcd.js";
 import { runIdleBench, runReplicatedIdleBench } from "./idle.js";
@@ -14,6 +15,7 @@ import { runDurableStreamsBench } from "./durable-streams.js";
 const all: Record<string, () => Promise<void>> = {
   sqlite: () => runSqliteBench(),
   dispatch: () => runDispatchBench(),
+  launch: () => runLaunchBench(),
   recovery: () => runRecoveryBench(),
   etcd: () => runEtcdBench(),
   "durable-streams": () => runDurableStreamsBench(),

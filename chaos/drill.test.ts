@@ -116,6 +116,9 @@ describe("container drill: machines and zones as containers, the test as the sch
           new GenericContainer(images.worker)
             .withNetwork(net!)
             .withNetworkAliases(`machine-${n}`)
+            // What the cell sandbox needs from the container runtime (deploy/README.md): user
+            // namespaces past Docker's default seccomp profile, and a /proc bubblewrap can mount.
+            .withSecurityOpt("seccomp=unconfined", "systempaths=unconfined")
             .withEntrypoint(["/usr/bin/node", "-e", "setInterval(() => {}, 1 << 30)"])
             .withCommand([])
             .withStartupTimeout(180_000)

@@ -13,7 +13,7 @@
  * at that boundary), so the suite cannot pass by doing nothing.
  */
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
@@ -21,7 +21,7 @@ import { cleanupProcesses, describe as said, runCairn, startCairn } from "./supp
 import { effectLines, endedByConclusion, observedByModel, oneFinish, oneStart, recoveredUnknown } from "./support/checks.js";
 import { brief, finishesOf, ofKind, readLog, startsOf } from "./support/log.js";
 import { cmdPatch, concludePatch, resolvePatch, writeScript } from "./support/patches.js";
-import { alive, groupMembers, stat, track, until } from "./support/procs.js";
+import { alive, groupMembers, processesRunning, stat, track, until } from "./support/procs.js";
 
 const DB = "chaos";
 const GOAL = "append one line to effect.txt";
@@ -126,12 +126,13 @@ describe("kill matrix: a real cairn process SIGKILLed at every commit boundary",
 
   test("SIGKILL while the child runs: the survivor is found by pid and start time, its group stopped, nothing re-run", async () => {
     const c = makeCase("while-running");
-    const argv = ["sh", "-c", "echo ran >> effect.txt; sleep 30 & echo $! > sleep.pid.tmp; mv sleep.pid.tmp sleep.pid; wait"];
+    // A sleep of its own length, so this host's pid of it can be found (the cell's own pids are its sandbox's).
+    const sleepArgv = ["sleep", `30.${process.pid}`];
+    const argv = ["sh", "-c", `echo ran >> effect.txt; ${sleepArgv.join(" ")} & touch sleep.started; wait`];
     writeScript(c.model, [cmdPatch(0, 1, argv)]);
 
     const proc = c.run();
-    const pidFile = join(c.work, "sleep.pid");
-    const sleepPid = await until("the cell to append its line and start its sleep", () => (existsSync(pidFile) ? Number(readFileSync(pidFile, "utf8").trim()) : undefined));
+    const sleepPid = await until("the cell to append its line and start its sleep", () => (existsSync(join(c.work, "sleep.started")) ? processesRunning(sleepArgv)[0] : undefined));
     track(sleepPid);
     const sleepStart = stat(sleepPid)?.startTime;
     assert.ok(sleepStart !== undefined, "the sleep is running");

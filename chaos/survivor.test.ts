@@ -25,7 +25,7 @@ import { cleanupProcesses, describe as said, startCairn } from "./support/cli.js
 import { effectLines, endedByConclusion, observedByModel, oneFinish, oneStart, recoveredUnknown } from "./support/checks.js";
 import { brief, finishesOf, ofKind, readLog } from "./support/log.js";
 import { cmdPatch, concludePatch, resolvePatch, writeScript } from "./support/patches.js";
-import { alive, groupMembers, stat, track, until } from "./support/procs.js";
+import { alive, groupMembers, processesRunning, stat, track, until } from "./support/procs.js";
 
 const DB = "chaos";
 const root = mkdtempSync(join(tmpdir(), "cairn-chaos-survivor-"));
@@ -48,12 +48,13 @@ describe("surviving children and recycled pids", () => {
 
   test("a cell's surviving process group is stopped before any new cell is launched", async () => {
     const { dir, data, work } = caseDirs("survivor");
-    const argv = ["sh", "-c", "echo ran >> effect.txt; sleep 30 & echo $! > sleep.pid.tmp; mv sleep.pid.tmp sleep.pid; wait"];
+    // A sleep of its own length, so this host's pid of it can be found (the cell's own pids are its sandbox's).
+    const sleepArgv = ["sleep", `30.${process.pid}`];
+    const argv = ["sh", "-c", `echo ran >> effect.txt; ${sleepArgv.join(" ")} & touch sleep.started; wait`];
     const model1 = join(dir, "model.json");
     writeScript(model1, [cmdPatch(0, 1, argv)]);
     const proc = startCairn(["run", "leave a survivor", "--db", DB, "--data-dir", data, "--cwd", work, "--model", `scripted:${model1}`]);
-    const pidFile = join(work, "sleep.pid");
-    const sleepPid = await until("the cell's sleep to start", () => (existsSync(pidFile) ? Number(readFileSync(pidFile, "utf8").trim()) : undefined));
+    const sleepPid = await until("the cell's sleep to start", () => (existsSync(join(work, "sleep.started")) ? processesRunning(sleepArgv)[0] : undefined));
     track(sleepPid);
     const sleepStart = stat(sleepPid)!.startTime;
     proc.child.kill("SIGKILL");
@@ -78,7 +79,8 @@ describe("surviving children and recycled pids", () => {
       ],
     });
     const storage = createSqliteStorage({ dataDir: data });
-    const h = await Harness.open({ storage, name: DB, model, workDir: dir, create: false });
+    // Without a sandbox: the probe cell must see this host's /proc (a sandboxed one sees only its own).
+    const h = await Harness.open({ storage, name: DB, model, workDir: dir, create: false, sandbox: { mode: "none" } });
     const liveAtNextLaunch: number[][] = [];
     const unfollow = h.follow((events) => {
       for (const e of events) if (e.kind === "execution_started") liveAtNextLaunch.push(groupMembers(pgid));

@@ -2,7 +2,7 @@
  * The drill's images, built locally (nothing can be pulled from a registry on these machines):
  *
  * - the base, `cairn-drill-base:<hash>`: `docker import` of a root file system copied from this
- *   host's own files: /usr/bin/node, /usr/bin/etcd (Debian's), /bin/sh, sleep and date, the shared
+ *   host's own files: /usr/bin/node, /usr/bin/etcd (Debian's), /bin/sh, sleep, date and bwrap, the shared
  *   libraries they load (from `ldd`), /tmp, a minimal /etc/passwd, and the production packages under
  *   /app/node_modules (dereferenced: a worktree's node_modules may be a symlink). The etcd
  *   containers run it.
@@ -82,7 +82,8 @@ export async function drillImages(log: (line: string) => void = () => undefined)
     }
 
     // ---- the base: host files, and the packages under /app/node_modules
-    const bins = [which("node"), which("etcd"), which("sh"), which("sleep"), which("date")];
+    // bwrap: deploy/Dockerfile takes the cell sandbox from the base when it has one (no apt-get here).
+    const bins = [which("node"), which("etcd"), which("sh"), which("sleep"), which("date"), which("bwrap")];
     const files = new Set<string>();
     for (const b of bins) {
       files.add(b);

@@ -151,9 +151,6 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
     const built = await bundle();
     cleanups.push(() => rmSync(dirname(built.worker), { recursive: true, force: true }));
     // ---- the databases
-    const effects = join(root, "effects");
-    mkdirSync(effects, { mode: 0o777 });
-    chmodSync(effects, 0o777);
     const dbs: Db[] = [];
     const mkDb = (name: string, adapter: Db["adapter"], dataDir: string, user: Db["user"]): Db => {
       const submitDir = join(root, "submit", name);
@@ -165,7 +162,8 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
         chownSync(dataDir, user.uid, user.gid);
         chownSync(cwd, user.uid, user.gid);
       }
-      return { name, adapter, dataDir, submitDir, effectFile: join(effects, `${name}.txt`), user };
+      // In the cells' workspace: the one place a sandboxed cell may write.
+      return { name, adapter, dataDir, submitDir, effectFile: join(cwd, `effects-${name}.txt`), user };
     };
     dbs.push(mkDb("sq-a", "sqlite", join(root, "sqlite"), null));
     // A small tmpfs for the full-disk faults (root only; otherwise an ordinary directory and no disk faults).

@@ -108,6 +108,9 @@ async function main(): Promise<number> {
       model: new PolicyModel(cfg.effectFile, cfg.timerCli, cfg.longMs),
       workDir: join(cfg.dataDir, "work"),
       limits: { retryBaseMs: 100, stopGraceMs: 500, outputFlushMs: 250 },
+      // Cells run sandboxed where this machine can (they write their effect lines in their
+      // workspace); the epoch they stamp on them is passed on by name.
+      sandbox: { passEnv: ["CHAOS_EPOCH"] },
     });
   } catch (err) {
     const info = errorInfo(err);

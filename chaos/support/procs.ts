@@ -50,6 +50,24 @@ export function groupMembers(pgid: number): number[] {
   return out;
 }
 
+/**
+ * Live processes whose command line is exactly `argv`: how the suite finds, on this host, a process
+ * a sandboxed cell started (inside its PID namespace, `$!` and `$$` are not this host's pids).
+ */
+export function processesRunning(argv: readonly string[]): number[] {
+  const want = `${argv.join("\0")}\0`;
+  const out: number[] = [];
+  for (const name of readdirSync("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      if (readFileSync(`/proc/${name}/cmdline`, "utf8") === want && alive(Number(name))) out.push(Number(name));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
 /** Polling with a hang guard, shared by every test (test/support/wait.ts). */
 export { until } from "../../test/support/wait.js";
 

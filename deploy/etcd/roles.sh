@@ -13,18 +13,52 @@
 #
 # ETCDCTL_CERT / ETCDCTL_KEY are needed because the members require client certificates
 # (client-cert-auth: true in etcd.conf.yml).
+#
+# CAIRN_ETCD_ENABLE_AUTH=true also turns authentication on where it is still off (a new cluster):
+# it creates the user root with the password in ETCDCTL_USER, grants it the root role and enables
+# authentication, then goes on as above. Where authentication is on already it changes nothing.
+# (deploy/kubernetes/etcd-roles.yaml runs it so.)
+#
+# Needs only a POSIX sh (its builtins) and etcdctl: it runs in a minimal image.
 set -eu
 : "${CAIRN_DB:?database name}" "${CAIRN_DB_USER:?etcd user for it}" "${CAIRN_DB_PASSWORD:?its password}"
 export ETCDCTL_API=3
 
 # Only the adapter's database names (DATABASE_NAME in src/storage/semantics.ts): any
-# other value would grant a prefix that no database uses.
-if ! printf '%s' "$CAIRN_DB" | grep -Eqx '[A-Za-z0-9][A-Za-z0-9._-]{0,127}' || [ "$(printf '%s' "$CAIRN_DB" | wc -l)" -ne 0 ]; then
+# other value would grant a prefix that no database uses. (A newline is outside the set too.)
+case $CAIRN_DB in
+  [A-Za-z0-9]*) bad_name=false ;;
+  *) bad_name=true ;;
+esac
+case $CAIRN_DB in
+  *[!A-Za-z0-9._-]*) bad_name=true ;;
+esac
+if [ "$bad_name" = true ] || [ "${#CAIRN_DB}" -gt 128 ]; then
   echo "roles.sh: CAIRN_DB=\"$CAIRN_DB\" is not a database name: 1 to 128 of A-Z a-z 0-9 . _ -, starting with a letter or digit" >&2
   exit 2
 fi
 
-# First time only: a root user, then turn authentication on (the root role is built in).
+# Authentication off means every client that reaches the members may read and write every
+# database. Found off (a request without credentials is answered), it is turned on when asked.
+if [ "${CAIRN_ETCD_ENABLE_AUTH:-false}" = true ]; then
+  case ${ETCDCTL_USER:-} in
+    root:?*) ;;
+    *)
+      echo "roles.sh: CAIRN_ETCD_ENABLE_AUTH=true needs ETCDCTL_USER=root:PASSWORD (the root password to set)" >&2
+      exit 2
+      ;;
+  esac
+  if (unset ETCDCTL_USER; etcdctl user list >/dev/null 2>&1); then
+    root_password=${ETCDCTL_USER#root:}
+    (
+      unset ETCDCTL_USER
+      etcdctl user get root >/dev/null 2>&1 || printf '%s\n' "$root_password" | etcdctl user add root --interactive=false
+      etcdctl user grant-role root root
+      etcdctl auth enable
+    )
+  fi
+fi
+# Without CAIRN_ETCD_ENABLE_AUTH, turn authentication on by hand, once (the root role is built in):
 #   printf '%s\n' "$ROOT_PASSWORD" | etcdctl user add root --interactive=false
 #   etcdctl user grant-role root root
 #   etcdctl auth enable

@@ -4,6 +4,17 @@
 # owner. Add a group per database (N workers for M databases). Configuration is environment
 # variables only (every `cairn serve` flag has a CAIRN_* variable). Its syntax is parsed in CI by
 # test/deploy/deploy.test.ts; `nomad job validate` could not be run there (no nomad binary).
+#
+# Safe as shipped: the task runs as uid 10001 with no capabilities, no-new-privileges and a
+# read-only root file system (its data and work dirs are in the task's own local/ directory, /tmp is
+# a tmpfs); it reaches etcd over TLS with a client certificate and its own etcd user; /metrics answers
+# only with the token (CAIRN_TOKEN_FILE). Secrets come from the Nomad Variable nomad/jobs/cairn:
+# anthropic_api_key, etcd_ca, etcd_cert, etcd_key (PEM), etcd_user_harness_1,
+# etcd_password_harness_1 and ui_token (at least 16 characters).
+#
+# The cell sandbox (bubblewrap) needs unprivileged user namespaces: seccomp=unconfined below. It also
+# mounts a fresh /proc, which the kernel refuses under Docker's masked /proc paths; we know of no
+# Docker driver setting that unmasks them (not verified: deploy/README.md says what was).
 job "cairn" {
   datacenters = ["dc1"]
   type        = "service"
@@ -35,6 +46,7 @@ job "cairn" {
       provider = "nomad"
       tags     = ["cairn", "db=harness-1"]
 
+      # /readyz answers any Host without the token: the check needs neither.
       check {
         name     = "ready"
         type     = "http"
@@ -48,30 +60,83 @@ job "cairn" {
       driver       = "docker"
       kill_timeout = "60s"
       kill_signal  = "SIGTERM"
+      user         = "10001:10001"
 
       config {
-        image = "cairn:latest"
-        args  = ["serve"]
-        ports = ["metrics"]
+        image           = "cairn:latest"
+        args            = ["serve"]
+        ports           = ["metrics"]
+        readonly_rootfs = true
+        cap_drop        = ["all"]
+        security_opt    = ["no-new-privileges", "seccomp=unconfined"]
+
+        mount {
+          type     = "tmpfs"
+          target   = "/tmp"
+          readonly = false
+          tmpfs_options {
+            size = 1073741824
+          }
+        }
       }
 
       env {
         CAIRN_DB             = "harness-1"
         CAIRN_STORAGE        = "replicated"
-        CAIRN_ETCD_ENDPOINTS = "http://etcd-a.service:2379,http://etcd-b.service:2379,http://etcd-c.service:2379"
+        CAIRN_ETCD_ENDPOINTS = "https://etcd-a.service:2379,https://etcd-b.service:2379,https://etcd-c.service:2379"
+        CAIRN_ETCD_CA        = "/secrets/etcd-ca.crt"
+        CAIRN_ETCD_CERT      = "/secrets/etcd-client.crt"
+        CAIRN_ETCD_KEY       = "/secrets/etcd-client.key"
         CAIRN_MODEL          = "anthropic/claude-sonnet-4-5"
         CAIRN_LISTEN         = "0.0.0.0:9464"
         CAIRN_LEASE          = "10s"
         CAIRN_DATA_DIR       = "/local/cairn"
         CAIRN_CWD            = "/local/work"
+        CAIRN_TOKEN_FILE     = "/secrets/ui-token"
+        # Scrapers reach the task at the host's address and the mapped port: that Host is served too.
+        CAIRN_ALLOW_HOST = "${NOMAD_HOST_ADDR_metrics}"
+        HOME             = "/local/home"
       }
 
       template {
         data        = <<-EOT
           ANTHROPIC_API_KEY={{ with nomadVar "nomad/jobs/cairn" }}{{ .anthropic_api_key }}{{ end }}
+          CAIRN_ETCD_USER={{ with nomadVar "nomad/jobs/cairn" }}{{ .etcd_user_harness_1 }}{{ end }}
+          CAIRN_ETCD_PASSWORD={{ with nomadVar "nomad/jobs/cairn" }}{{ .etcd_password_harness_1 }}{{ end }}
         EOT
-        destination = "secrets/model.env"
+        destination = "secrets/cairn.env"
         env         = true
+        perms       = "0400"
+        uid         = 10001
+        gid         = 10001
+      }
+
+      template {
+        data        = "{{ with nomadVar \"nomad/jobs/cairn\" }}{{ .ui_token }}{{ end }}"
+        destination = "secrets/ui-token"
+        perms       = "0400"
+        uid         = 10001
+        gid         = 10001
+      }
+
+      template {
+        data        = "{{ with nomadVar \"nomad/jobs/cairn\" }}{{ .etcd_ca }}{{ end }}"
+        destination = "secrets/etcd-ca.crt"
+        perms       = "0444"
+      }
+
+      template {
+        data        = "{{ with nomadVar \"nomad/jobs/cairn\" }}{{ .etcd_cert }}{{ end }}"
+        destination = "secrets/etcd-client.crt"
+        perms       = "0444"
+      }
+
+      template {
+        data        = "{{ with nomadVar \"nomad/jobs/cairn\" }}{{ .etcd_key }}{{ end }}"
+        destination = "secrets/etcd-client.key"
+        perms       = "0400"
+        uid         = 10001
+        gid         = 10001
       }
 
       resources {

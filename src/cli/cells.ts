@@ -86,7 +86,8 @@ export function cellNetwork(p: Parsed, command: string, env: NodeJS.ProcessEnv):
   return v;
 }
 
-/** Files the storage flags name that cells must not see (etcd client key and credentials). */
-export function storageSecrets(env: NodeJS.ProcessEnv): string[] {
-  return [env.CAIRN_ETCD_KEY, env.CAIRN_ETCD_CERT, env.CAIRN_ETCD_CA].filter((p): p is string => p !== undefined && p !== "");
+/** Files this process's settings name that cells must not see: the etcd client key and certificates, the HTTP token file. */
+export function secretFiles(env: NodeJS.ProcessEnv, p?: Parsed): string[] {
+  const flagged = p === undefined ? undefined : str(p, "token-file");
+  return [env.CAIRN_ETCD_KEY, env.CAIRN_ETCD_CERT, env.CAIRN_ETCD_CA, env.CAIRN_TOKEN_FILE, flagged].filter((f): f is string => f !== undefined && f !== "");
 }

@@ -3,7 +3,8 @@
  * rounds, cells, UnknownExecutions and their resolutions, timers, posts, controls, ownership changes
  * and each run's end. Aligned, relative times, colour only on a terminal (NO_COLOR turns it off,
  * FORCE_COLOR on); `--json` prints the stored events exactly, one JSON document per line;
- * `--follow` keeps printing events as they commit.
+ * `--follow` keeps printing events as they commit. Recorded text (a cell's output, a model's words)
+ * is printed with its control characters made visible; `--raw` prints it as stored.
  */
 import type { LogEvent } from "../state/events.js";
 import type { Storage } from "../storage/contract.js";
@@ -14,17 +15,22 @@ import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 
-const HELP = `usage: cairn log --db NAME [--session ID] [--cell N] [--follow] [--json]
+const HELP = `usage: cairn log --db NAME [--session ID] [--cell N] [--follow] [--json | --raw]
 
 Prints what happened in database NAME, in commit order: each run's rounds (attempts, refused patches
 and why, tokens, model time), cells (where they started: host and epoch; duration, exit, output,
 truncation marked), UnknownExecutions and their resolutions, timers, posts, control notes, ownership
 changes and the run's end. Times are relative to the run's start. Reads only: the owner keeps running.
+What cells and models wrote is shown with control characters made visible (ESC as \\x1b, CR as
+\\x0d, bidirectional overrides as \\u202e, ...; tab and newline kept), so that nothing a cell printed
+can move the cursor, retitle the terminal or overprint these lines.
   --session ID            only this run
   --cell N                only what concerns cell N (its patch, start, output, end, resolution)
   --follow                keep printing events as they commit (Ctrl-C to stop); with --session,
                           stops when that run has ended
   --json                  the stored events, exactly, one JSON object per line
+  --raw                   recorded text as stored, control characters included (they act on the
+                          terminal: for a file or \`less -R\`, not for output you do not trust)
   --poll-ms N             --follow: how often to look for new events (default 250)
 Colour is used only when stdout is a terminal; NO_COLOR=1 turns it off, FORCE_COLOR=1 on.
 ${STORAGE_HELP}`;
@@ -38,6 +44,8 @@ export interface LogOptions {
   readonly follow: boolean;
   readonly json: boolean;
   readonly color: boolean;
+  /** Recorded text as stored, control characters included (default false: made visible). */
+  readonly raw?: boolean;
   readonly pollMs: number;
   readonly signal: AbortSignal;
 }
@@ -58,7 +66,7 @@ export function useColor(env: NodeJS.ProcessEnv, isTTY: boolean): boolean {
 export async function printLog(options: LogOptions, out: (line: string) => void): Promise<void> {
   const reader = await options.storage.reader(options.name);
   try {
-    const text = new LogText({ color: options.color, ...(options.session !== undefined ? { session: options.session } : {}), ...(options.cell !== undefined ? { cell: options.cell } : {}) });
+    const text = new LogText({ color: options.color, raw: options.raw === true, ...(options.session !== undefined ? { session: options.session } : {}), ...(options.cell !== undefined ? { cell: options.cell } : {}) });
     let ended = false;
     const emit = (events: readonly LogEvent[], raw: readonly LogEvent[]): void => {
       if (options.json) {
@@ -109,6 +117,7 @@ export async function logCommand(argv: readonly string[], io: Io): Promise<numbe
     cell: { type: "string" },
     follow: { type: "boolean", short: "f" },
     json: { type: "boolean" },
+    raw: { type: "boolean" },
     "poll-ms": { type: "string" },
   });
   if (p.values.help) {
@@ -135,6 +144,7 @@ export async function logCommand(argv: readonly string[], io: Io): Promise<numbe
         ...(cell !== undefined ? { cell } : {}),
         follow: flag(p, "follow"),
         json: flag(p, "json"),
+        raw: flag(p, "raw"),
         color: !flag(p, "json") && useColor(io.env, io.isTTY ?? process.stdout.isTTY === true),
         pollMs,
         signal: abort.signal,

@@ -1,9 +1,14 @@
 /**
  * Progress on a terminal as events commit: the model round, the cell being run, its output as it
  * arrives, the result. With --json: one committed event per line instead.
+ *
+ * Every line is written with its control characters made visible (../ui/visible.ts): a cell's output,
+ * a goal, a model's note or a provider's error cannot move the cursor, retitle the terminal or
+ * overprint the lines around it. A cell's output keeps its line breaks, each line prefixed.
  */
 import type { LogEvent } from "../state/events.js";
 import type { SessionProjection } from "../state/projection.js";
+import { visibleLine, visibleOutputLine } from "../ui/visible.js";
 
 export type Write = (line: string) => void;
 
@@ -18,7 +23,7 @@ export function followProgress(h: ProgressView, json: boolean, write: Write): ()
   if (json) return h.follow((events) => events.forEach((e) => write(JSON.stringify(e))));
   const partial = new Map<string, string>();
   return h.follow((events) => {
-    for (const e of events) for (const line of render(h, e, partial)) write(line);
+    for (const e of events) for (const line of render(h, e, partial)) write(visibleLine(line));
   });
 }
 
@@ -52,13 +57,13 @@ function render(h: ProgressView, e: LogEvent, partial: Map<string, string>): str
       const text = (partial.get(key) ?? "") + e.body.data;
       const lines = text.split("\n");
       partial.set(key, lines.pop() ?? "");
-      return lines.map((l) => `${tag}[cell ${e.body.cell_id}] | ${l}`);
+      return lines.map((l) => `${tag}[cell ${e.body.cell_id}] | ${visibleOutputLine(l)}`);
     }
     case "execution_finished": {
       const key = `${e.session}:${e.body.cell_id}`;
       const rest = partial.get(key);
       partial.delete(key);
-      const out = rest ? [`${tag}[cell ${e.body.cell_id}] | ${rest}`] : [];
+      const out = rest ? [`${tag}[cell ${e.body.cell_id}] | ${visibleOutputLine(rest)}`] : [];
       const exit = e.body.exit_code !== null ? ` exit ${e.body.exit_code}` : e.body.signal ? ` ${e.body.signal}` : "";
       const ms = e.body.duration_ms !== null ? `, ${Math.round(e.body.duration_ms)} ms` : "";
       const dropped = e.body.dropped_bytes > 0 ? `, ${e.body.dropped_bytes} output bytes dropped` : "";

@@ -14,6 +14,7 @@ import { EXIT } from "./exit.js";
 import { hasCode } from "../errors.js";
 import type { Io } from "./main.js";
 import { followProgress } from "./progress.js";
+import { visibleLine } from "../ui/visible.js";
 import { chaosFaults } from "./chaos.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP, type StorageChoice } from "./storage.js";
 import { closeOwner, describeHolder, takeLease } from "./owner.js";
@@ -24,7 +25,7 @@ import type { SessionProjection } from "../state/projection.js";
 import type { HeldLease, Storage } from "../storage/contract.js";
 import { StorageRejected } from "../storage/errors.js";
 import type { ProgressView } from "./progress.js";
-import { CELL_FLAGS, CELL_HELP, cellNetwork, sandboxOptions, storageSecrets } from "./cells.js";
+import { CELL_FLAGS, CELL_HELP, cellNetwork, sandboxOptions, secretFiles } from "./cells.js";
 import { chooseSandbox } from "../exec/sandbox.js";
 import type { SandboxOptions } from "../harness/boundary.js";
 
@@ -182,7 +183,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
   let sandbox: SandboxOptions;
   try {
     choice = await chooseStorage(p, command, io.env, logger);
-    sandbox = sandboxOptions(p, command, io.env, "auto", [choice.dataDir, ...storageSecrets(io.env)]);
+    sandbox = sandboxOptions(p, command, io.env, "auto", [choice.dataDir, ...secretFiles(io.env, p)]);
     // Said once, before anything is opened: `required` without a sandbox stops here (exit 2).
     const chosen = chooseSandbox(sandbox.mode ?? "auto");
     if (chosen.kind === "none" && sandbox.mode !== "none") {
@@ -314,7 +315,8 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
         if (sessions.length > 1) io.err(`cairn: run ${sessions[i]} stopped: ${r.reason instanceof Error ? r.reason.message.split("\n", 1)[0] : String(r.reason)}`);
       }
     });
-    for (const o of outcomes) say(`cairn: run ${o.session} ${o.result === "success" ? "succeeded" : "failed"}: ${o.reason}`);
+    // The reason is the model's own text: printed with its control characters visible, as progress is.
+    for (const o of outcomes) say(`cairn: run ${o.session} ${o.result === "success" ? "succeeded" : "failed"}: ${visibleLine(o.reason)}`);
     if (stopped !== null) throw stopped;
     return outcomes.some((o) => o.result === "failure") ? EXIT.failure : EXIT.ok;
   } catch (err) {

@@ -5,9 +5,10 @@
  * looked at (it must exist unless --create), then the owner lease is taken: while a live owner holds it
  * the worker waits in standby (/readyz 503 "standby: owned by HOST since ..."), and takes over when
  * that lease ends. It never fences a live owner on its own; `--takeover` (or `cairn resume`) does.
- * As owner it resumes unfinished runs, starts submitted ones, serves /metrics, /healthz and /readyz,
- * idles at near-zero CPU, stops cleanly on SIGTERM, and exits 3 when fenced (after --fenced-linger,
- * so that scrapes see the fence).
+ * As owner it resumes unfinished runs, starts submitted ones, serves /metrics, /healthz and /readyz
+ * (and the timeline page with --ui, behind the same access gate as `cairn ui`), idles at near-zero
+ * CPU, stops cleanly on SIGTERM, and exits 3 when fenced (after --fenced-linger, so that scrapes see
+ * the fence).
  */
 import { existsSync, statSync } from "node:fs";
 import { resolve } from "node:path";
@@ -22,10 +23,11 @@ import { makeLogger, makeModel, modelLimits } from "./run.js";
 import { chaosFaults } from "./chaos.js";
 import { closeOwner, describeHolder, envName, fillFromEnv, takeLease } from "./owner.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
-import { createTimelineHandler } from "../ui/server.js";
+import { createTimelineHandler, type TimelineHandler } from "../ui/server.js";
 import { hasCode } from "../errors.js";
-import { CELL_FLAGS, CELL_HELP, sandboxOptions, storageSecrets } from "./cells.js";
+import { CELL_FLAGS, CELL_HELP, sandboxOptions, secretFiles } from "./cells.js";
 import { chooseSandbox } from "../exec/sandbox.js";
+import { ACCESS_FLAGS, ACCESS_HELP, accessFromFlags } from "./http-access.js";
 
 export const SERVE_FLAGS = {
   ...STORAGE_FLAGS,
@@ -42,6 +44,8 @@ export const SERVE_FLAGS = {
   takeover: { type: "boolean" },
   lease: { type: "string" },
   "fenced-linger": { type: "string" },
+  ui: { type: "boolean" },
+  ...ACCESS_FLAGS,
 } as const;
 
 const HELP = `usage: cairn serve --db NAME --model SPEC [--listen HOST:PORT] [flags]
@@ -50,7 +54,9 @@ The worker a job scheduler runs (restart it on any exit). Binds --listen first, 
 while another live process owns database NAME (its owner lease is renewed), takes it over when that
 lease ends, recovers and continues its unfinished runs, and starts runs submitted with \`cairn
 submit\`. Serves /metrics (Prometheus), /healthz (alive) and /readyz (200 only while it owns the
-database) on --listen, and the timeline page at / (read-only; CAIRN_UI_TOKEN asks for ?token=).
+database) on --listen; with --ui, the timeline page at / and its API (every run's transcripts).
+/healthz and /readyz answer any client. /metrics and the page answer only to this server's own Host
+names, and need the token when one is in force (given, or generated for a non-loopback --listen).
 SIGTERM: stop launching, stop running cells (recorded as they are), exit 0.
 Fenced by an explicit takeover elsewhere: /readyz 503 for --fenced-linger, then exit 3.
 ${STORAGE_HELP}
@@ -59,6 +65,8 @@ ${STORAGE_HELP}
   --model-timeout, --model-retry-budget, --max-output-tokens   as for cairn run (a spent retry
                           budget parks the run as blocked; a restart or \`cairn resume\` continues it)
   --listen HOST:PORT      default 127.0.0.1:9464 (port 0 picks a free one)
+  --ui                    serve the timeline page and its API on --listen too (read-only)
+${ACCESS_HELP}
   --cwd DIR               where submitted runs execute (default: the current directory)
   --create                create the database when it does not exist (otherwise that is exit 2)
   --takeover              take the database from a live owner (fences it); for operators only
@@ -88,6 +96,18 @@ export function readiness(h: Harness, name: string): { ready: boolean; reason: s
   return { ready: true, reason: `owns "${name}" at epoch ${h.epoch}; storage reachable` };
 }
 
+/** Without --ui: the page's paths say where the page is instead of a bare 404. */
+const NO_PAGE: TimelineHandler = {
+  async handle(req, res) {
+    const path = new URL(req.url ?? "/", "http://localhost").pathname; // the server already refused a target that does not parse
+    if (path !== "/" && !path.startsWith("/api/") && !path.startsWith("/ui/")) return false;
+    res.writeHead(404, { "content-type": "text/plain; charset=utf-8", "cache-control": "no-store" });
+    res.end("not found: this port serves /metrics, /healthz and /readyz; the timeline page is served here only with `cairn serve --ui` (or run `cairn ui`)\n");
+    return true;
+  },
+  async close() {},
+};
+
 export async function serveCommand(argv: readonly string[], io: Io): Promise<number> {
   const p = parse("serve", argv, SERVE_FLAGS);
   if (p.values.help) {
@@ -99,11 +119,14 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   fillFromEnv(p, "serve", io.env, SERVE_FLAGS);
   const name = dbName(p, "serve");
   const listen = str(p, "listen") ?? "127.0.0.1:9464";
+  let bindHost: string;
   try {
-    parseListen(listen);
+    bindHost = parseListen(listen).host;
   } catch (err) {
     throw new UsageError(`cairn serve: ${(err as Error).message}${p.values.listen !== undefined && io.env[envName("listen")] === listen ? " (from CAIRN_LISTEN)" : ""}`);
   }
+  const ui = flag(p, "ui");
+  const access = accessFromFlags(p, "serve", io.env, bindHost, ui ? "/metrics, the timeline page and every run's transcripts (cells' output, patches)" : "/metrics");
   const lingerMs = durationSeconds("serve", "fenced-linger", str(p, "fenced-linger") ?? "30s") * 1000;
   const cwd = resolve(str(p, "cwd") ?? ".");
   if (!existsSync(cwd) || !statSync(cwd).isDirectory()) throw new UsageError(`cairn serve: --cwd ${cwd} is not a directory.`);
@@ -118,7 +141,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   try {
     choice = await chooseStorage(p, "serve", io.env, logger);
     // A worker runs cells nobody watches: without a sandbox it refuses to start unless told --sandbox none.
-    sandbox = sandboxOptions(p, "serve", io.env, "required", [choice.dataDir, ...storageSecrets(io.env)]);
+    sandbox = sandboxOptions(p, "serve", io.env, "required", [choice.dataDir, ...secretFiles(io.env, p)]);
     if (chooseSandbox(sandbox.mode ?? "required").kind === "none") {
       io.err("cairn: warning: --sandbox none: cells run with this worker's full reach (its files, network, credentials on disk, other processes)");
     }
@@ -146,14 +169,15 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   // 2. Bind the port: a busy or forbidden port is a configuration problem (exit 2), found before the
   // database is touched, so it can never cost a healthy owner its database.
   let server: ObservabilityServer;
-  // The timeline page at / (read-only, through a reader; CAIRN_UI_TOKEN makes it ask for ?token=).
-  const page = createTimelineHandler({ storage, databases: async () => [name], ...(io.env.CAIRN_UI_TOKEN ? { token: io.env.CAIRN_UI_TOKEN } : {}), logger });
+  // The timeline page (read-only, through a reader) only when asked for: it carries every transcript.
+  const page: TimelineHandler = ui ? createTimelineHandler({ storage, databases: async () => [name], logger }) : NO_PAGE;
   try {
     server = await startObservabilityServer({
       listen,
       metrics,
       logger,
       routes: page,
+      access: access.policy,
       ready: () => {
         if (state === "owner" && h !== null && h.status === "open") return readiness(h, name);
         if (state === "owner" && h !== null) return { ready: false, reason: `${h.status}: this process no longer owns "${name}"` };
@@ -167,6 +191,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     const why = code === "EADDRINUSE" ? "the port is already in use" : code === "EACCES" ? "permission denied (ports below 1024 need privileges)" : code === "EADDRNOTAVAIL" ? "no interface has that address" : (err as Error).message;
     throw new UsageError(`cairn serve: cannot listen on ${listen}: ${why}; choose another --listen.`);
   }
+  if (access.notice !== null) for (const line of access.notice.split("\n")) io.err(line);
 
   let terminated = false;
   let wakeStandby: (() => void) | null = null;

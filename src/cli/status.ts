@@ -1,5 +1,7 @@
 /**
  * `cairn status`: what a database holds, read without taking ownership (it never disturbs the owner).
+ * Each text line is printed with its control characters made visible (goals, cell summaries and
+ * reasons come from models, cells and posts); --json prints the document as read.
  */
 import { loadProjection } from "../storage/snapshots.js";
 import { summarize, type Inspection } from "../harness/inspect.js";
@@ -9,6 +11,7 @@ import type { Io } from "./main.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 import type { OwnerInfo, PostedMessage, Storage } from "../storage/contract.js";
 import { START_REQUEST_KIND, StartRequest } from "../harness/start-request.js";
+import { visibleLine } from "../ui/visible.js";
 
 const HELP = `usage: cairn status --db NAME [--session ID] [--json]
 
@@ -30,7 +33,7 @@ export async function statusCommand(argv: readonly string[], io: Io): Promise<nu
     const base = await readInspection(choice.storage, name, str(p, "session"));
     const inspection = await withOwnership(choice.storage, name, base);
     if (flag(p, "json")) io.out(JSON.stringify(inspection, null, 2));
-    else for (const line of renderStatus(inspection)) io.out(line);
+    else for (const line of renderStatus(inspection)) io.out(visibleLine(line));
     return EXIT.ok;
   } finally {
     await choice.storage.close().catch(() => undefined);
@@ -91,6 +94,8 @@ function renderStatus(i: Inspection & OwnershipView): string[] {
     out.push("");
     out.push(`run ${s.id}: ${s.status === "owner_gone" ? "unfinished, owner gone (nobody drives it)" : s.status}${s.result ? ` (${s.result.reason})` : ""}${s.blocked ? ` (${s.blocked.reason})` : ""}`);
     out.push(`  goal: ${s.goal}`);
+    if (s.cells_ran_in !== null) out.push(`  cells: ${s.cells_ran_in.sandbox === "bwrap" ? `sandboxed (bubblewrap), network ${s.cells_ran_in.network}` : "NOT sandboxed (--sandbox none): the worker's full reach"}`);
+    else if (s.cell_network === "host") out.push("  cells: host network asked for");
     out.push(`  cwd: ${s.cwd}; revision ${s.revision}; ${s.rounds} round(s); tokens ${s.usage.input_tokens} in, ${s.usage.output_tokens} out; ${s.usage.attempts} attempt(s)${s.usage.unknown_usage_attempts ? ` (${s.usage.unknown_usage_attempts} with unknown usage)` : ""}`);
     const exec = new Map(s.executions.map((e) => [e.cell_id, e]));
     for (const c of s.cells) {

@@ -22,7 +22,7 @@
  * durability requires.
  */
 import { statSync } from "node:fs";
-import { basename, resolve } from "node:path";
+import { basename, join, resolve } from "node:path";
 import { CairnError } from "../errors.js";
 import type { ProcessIdentity } from "../state/projection.js";
 import { type CellLimits, DEFAULT_CELL_LIMITS, detectCgroups, formatBytes, type CellCgroup, type CellCgroups } from "./cgroup.js";
@@ -33,7 +33,8 @@ import { type LaunchCell, probePythonVersion, resolveLaunch } from "./launch.js"
 import { type GateLauncher, decodeWaitStatus, gateLauncher, nativeLauncherPath } from "./launcher.js";
 import { type OutputChunk, OutputCapture } from "./output.js";
 import { liveGroupMembers, readProcStat } from "./procfs.js";
-import { type CellNetwork, SANDBOX_RUN_DIR, bwrapArgv, existingPaths } from "./sandbox.js";
+import { ensurePrivateDir } from "./private.js";
+import { type CellNetwork, SANDBOX_RUN_DIR, type SandboxBind, bwrapArgv, existingPaths } from "./sandbox.js";
 import { which as defaultWhich } from "./which.js";
 
 /** Where, and within what, a cell runs. */
@@ -68,6 +69,8 @@ export interface LaunchSpec {
   env?: Record<string, string>;
   /** Sandbox, network, hidden paths, limits. Default {@link UNSANDBOXED}. */
   boundary?: CellBoundary;
+  /** More files bound into the sandbox (the executor's own steps use it). */
+  binds?: readonly SandboxBind[];
   /** Wall-time limit from release, in ms. */
   wallTimeMs: number;
   /** Total captured bytes (stdout + stderr); past it output is dropped, counted and marked. */
@@ -219,6 +222,40 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     const socketInside = `${SANDBOX_RUN_DIR}/cairn.sock`;
     const binInside = `${SANDBOX_RUN_DIR}/bin`;
     const fixed: Record<string, string> = { ...resolved.env, ...spec.env };
+    const binds: SandboxBind[] = [...(spec.binds ?? [])];
+    let argv = resolved.argv;
+    const script = resolved.script;
+    const scriptInside = script === undefined ? null : `${SANDBOX_RUN_DIR}/${basename(script.path)}`;
+    if (sandboxed && script !== undefined && scriptInside !== null) {
+      binds.push({ src: script.path, dest: scriptInside });
+      argv = argv.map((a) => (a === script.path ? scriptInside : a));
+    }
+    // A script's declared dependencies, when its cells have no network: installed after release by
+    // `uv sync --script` in a sandbox of its own that has the network but sees neither the workspace
+    // nor anything else the cell's does not; the script then runs offline from the same cache.
+    let depsStep: LaunchSpec | null = null;
+    if (sandboxed && boundary.network === "off" && script !== undefined && scriptInside !== null && script.deps.length > 0 && argv[1] === "run") {
+      const cache = join(spec.scriptDir, "uv-cache");
+      ensurePrivateDir(cache);
+      const cacheInside = `${SANDBOX_RUN_DIR}/uv-cache`;
+      const cacheBind = { src: cache, dest: cacheInside, writable: true };
+      binds.push(cacheBind);
+      fixed.UV_CACHE_DIR = cacheInside;
+      fixed.UV_OFFLINE = "1";
+      depsStep = {
+        cellId: spec.cellId,
+        cell: { kind: "cmd", argv: [argv[0]!, "sync", "--script", scriptInside] },
+        cwd: cache,
+        scriptDir: spec.scriptDir,
+        env: { UV_CACHE_DIR: cacheInside },
+        boundary: { sandbox: boundary.sandbox, network: "host", hide: [...boundary.hide, resolve(spec.cwd)], passEnv: boundary.passEnv, limits: boundary.limits },
+        binds: [{ src: script.path, dest: scriptInside }, cacheBind],
+        wallTimeMs: spec.wallTimeMs,
+        outputLimitBytes: 64 * 1024,
+        flushIntervalMs: 100,
+        onOutput: async () => undefined,
+      };
+    }
     if (boundary.socket !== undefined) fixed.CAIRN_TIMER_SOCKET = sandboxed ? socketInside : boundary.socket;
     if (sandboxed) {
       fixed.HOME = "/tmp";
@@ -226,14 +263,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     } else if (process.env.HOME !== undefined) fixed.HOME = process.env.HOME;
     const env = cellEnvironment(process.env, boundary.passEnv, fixed);
     if (boundary.binDir !== undefined) env.PATH = `${sandboxed ? binInside : boundary.binDir}:${env.PATH}`;
-    let argv = resolved.argv;
     if (sandboxed) {
-      const binds: { src: string; dest: string; writable?: boolean }[] = [];
-      if (resolved.script !== undefined) {
-        const inside = `${SANDBOX_RUN_DIR}/${basename(resolved.script.path)}`;
-        binds.push({ src: resolved.script.path, dest: inside });
-        argv = argv.map((a) => (a === resolved.script?.path ? inside : a));
-      }
       if (boundary.socket !== undefined) binds.push({ src: boundary.socket, dest: socketInside, writable: true });
       if (boundary.binDir !== undefined) binds.push({ src: boundary.binDir, dest: binInside });
       argv = bwrapArgv({
@@ -290,6 +320,9 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     let stopReason: "cancelled" | "shutdown" | "abort" | null = null;
     let timedOut = false;
     let wallTimer: NodeJS.Timeout | null = null;
+    /** The dependencies step while it runs, and why it failed (the script then never ran). */
+    let depsLaunch: GatedLaunch | null = null;
+    let depsFailure: string | null = null;
     let initWatch: NodeJS.Timeout | null = null;
     let killing: Promise<unknown> | null = null;
     const killGroup = (graceMs: number): Promise<unknown> => {
@@ -370,6 +403,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
                 : `the launch gate ended before release (${describeExit(code, signal)})`;
         return { ...base, result: stopReason === null ? "error" : "cancelled", detail: `${why}; the cell's code never ran` };
       }
+      if (depsFailure !== null) return { ...base, result: "error", detail: depsFailure };
       if (stopReason === "cancelled" || stopReason === "abort") return { ...base, result: "cancelled", detail: `cancelled${leftovers}` };
       if (lost !== undefined) return { ...base, result: "error", detail: `the exit status is unknown: ${lost}${leftovers}` };
       if (stopReason === "shutdown") return { ...base, result: "cancelled", detail: `stopped by harness shutdown${leftovers}` };
@@ -380,6 +414,34 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     })();
     // `done` is also awaited inside stop()/abort(); keep an unobserved rejection from crashing the process.
     done.catch(() => undefined);
+
+    /** The dependencies step (see depsStep), then "go"; or, when it failed or the cell was stopped meanwhile, end of file: the gate runs nothing. */
+    const installThenGo = async (step: LaunchSpec): Promise<void> => {
+      let tail = "";
+      let why = "";
+      let ok = false;
+      try {
+        const p = await prepare({ ...step, onOutput: async (chunks) => void (tail = (tail + chunks.map((c) => c.data).join("")).slice(-2000)) });
+        if (p.kind === "unlaunchable") why = p.outcome.detail ?? "it could not start";
+        else if (phase !== "released" || stopReason !== null || timedOut) await p.abort();
+        else {
+          depsLaunch = p;
+          p.release();
+          const o = await p.done;
+          ok = o.result === "success";
+          why = o.detail ?? `exit ${o.exit_code}`;
+        }
+      } catch (err) {
+        why = err instanceof Error ? err.message : String(err);
+      }
+      depsLaunch = null;
+      if (ok && phase === "released" && stopReason === null && !timedOut) {
+        child.stdin.end("go\n");
+        return;
+      }
+      if (!ok && stopReason === null && !timedOut) depsFailure = `the script's dependencies could not be installed (uv sync --script: ${why})${tail.trim() === "" ? "" : `: ${tail.trim().slice(-1500)}`}; the script did not run`;
+      child.stdin.end();
+    };
 
     const settled = (): Promise<void> => done.then(
       () => undefined,
@@ -401,6 +463,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
           if (phase !== "released") return;
           timedOut = true;
           void killGroup(killGraceMs);
+          void depsLaunch?.stop("cancelled");
         }, spec.wallTimeMs);
         // Without a sandbox a cell can stop its init (`kill -STOP $PPID`), which would then never
         // report its end: while the cell runs, a stopped init is continued (in a sandbox the init is
@@ -414,7 +477,8 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
           }
         }, INIT_WATCH_MS);
         initWatch.unref();
-        child.stdin.end("go\n");
+        if (depsStep === null) child.stdin.end("go\n");
+        else void installThenGo(depsStep);
       },
       async abort(): Promise<void> {
         if (phase === "gated") {
@@ -434,7 +498,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
           await killGroup(0);
         } else if (phase === "released") {
           if (!timedOut) stopReason ??= reason;
-          await killGroup(killGraceMs);
+          await Promise.all([killGroup(killGraceMs), depsLaunch?.stop(reason)]);
         }
         if (settleWithinMs === Infinity) return settled();
         let timer: NodeJS.Timeout | undefined;

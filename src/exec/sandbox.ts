@@ -77,12 +77,19 @@ export function bwrapArgv(l: SandboxLaunch): string[] {
   a.push("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc");
   if (l.tmpBytes !== undefined) a.push("--size", String(l.tmpBytes));
   a.push("--tmpfs", "/tmp", "--tmpfs", "/run");
+  // A hidden directory becomes an empty read-only one; a hidden file, an empty read-only one.
   const cover = (h: { path: string; dir: boolean }): void => {
-    if (h.dir) a.push("--tmpfs", h.path);
+    if (h.dir) a.push("--tmpfs", h.path, "--remount-ro", h.path);
     else a.push("--ro-bind", "/dev/null", h.path);
   };
-  const inside = l.hide.filter((h) => isWithin(h.path, l.cwd) && h.path !== l.cwd);
-  for (const h of l.hide) if (!isWithin(h.path, l.cwd) && !isWithin(l.cwd, h.path)) cover(h);
+  // The workspace and its ancestors stay visible (hiding one would hide the workspace). A path inside
+  // another hidden one is hidden with it (and could not be mounted on: that one is read-only). /tmp and
+  // /run are fresh and empty: what lay there is gone already, unless the workspace is there.
+  const fresh = (p: string): boolean => isWithin(p, "/tmp") || isWithin(p, "/run");
+  const candidates = l.hide.filter((h) => !isWithin(l.cwd, h.path) && !(fresh(h.path) && !isWithin(h.path, l.cwd)));
+  const hide = candidates.filter((h) => !candidates.some((o) => o.path !== h.path && isWithin(h.path, o.path)));
+  const inside = hide.filter((h) => isWithin(h.path, l.cwd));
+  for (const h of hide) if (!isWithin(h.path, l.cwd)) cover(h);
   a.push("--bind", l.cwd, l.cwd);
   for (const h of inside) cover(h);
   a.push("--ro-bind", l.init, SANDBOX_INIT);

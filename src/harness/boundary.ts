@@ -9,7 +9,7 @@
 import { createHash } from "node:crypto";
 import { rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
+import { basename, dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { type CellLimits, DEFAULT_CELL_LIMITS } from "../exec/cgroup.js";
 import type { CellBoundary } from "../exec/executor.js";
@@ -40,13 +40,23 @@ export interface SandboxState {
 /** A Unix socket path must fit sun_path (108 bytes); keep a margin. */
 const MAX_SOCKET_PATH = 100;
 
-/** The `cairn` command cells call (`cairn timer`, `cairn effect`): this same installation. */
+/**
+ * The `cairn` command cells call (`cairn timer`): this same installation. When this process is the
+ * CLI (bin/cairn.js, a bundle such as the image's /app/cairn.mjs, or src/cli/entry.ts under tsx), the
+ * same entry with the same loader; otherwise (the Harness API in a program of its own) the CLI of the
+ * checkout this module belongs to.
+ */
 function cairnShim(): string {
+  const quote = (s: string): string => `'${s.replace(/'/g, `'\\''`)}'`;
+  const node = quote(process.execPath);
+  const entry = process.argv[1];
+  if (entry !== undefined && /^(cairn(\.m?js)?|entry\.[jt]s)$/.test(basename(entry))) {
+    const loader = process.execArgv.flatMap((a, i, all) => (a === "--import" && all[i + 1] !== undefined ? ["--import", import.meta.resolve(all[i + 1]!)] : []));
+    return `#!/bin/sh\nexec ${node} ${loader.map(quote).join(" ")} ${quote(resolve(entry))} "$@"\n`;
+  }
   const here = fileURLToPath(import.meta.url);
   const fromSource = here.endsWith(".ts");
   const root = resolve(dirname(here), fromSource ? "../.." : "../../..");
-  const quote = (s: string): string => `'${s.replace(/'/g, `'\\''`)}'`;
-  const node = quote(process.execPath);
   if (fromSource) {
     const tsx = import.meta.resolve("tsx");
     return `#!/bin/sh\nexec ${node} --import ${quote(tsx)} ${quote(join(root, "src", "cli", "entry.ts"))} "$@"\n`;

@@ -163,11 +163,15 @@ export class Harness {
     return this.boundaries.state;
   }
 
-  /** The workspaces of the unfinished runs other than `session`: hidden from its cells. */
+  /** The workspaces of the database's other runs (once each): hidden from `session`'s cells. */
   private otherWorkspaces(session: string): string[] {
-    const out: string[] = [];
-    for (const id of this.unfinished()) if (id !== session) out.push(this.reducer.session(id)!.cwd);
-    return out;
+    const own = this.reducer.session(session)?.cwd;
+    const out = new Set<string>();
+    for (const id of this.reducer.projection().order) {
+      const cwd = this.reducer.session(id)!.cwd;
+      if (id !== session && cwd !== own) out.add(cwd);
+    }
+    return [...out];
   }
 
   /** The session ids in this database, in creation order. */

@@ -29,6 +29,10 @@ export interface ExecutionSummary {
   readonly detail: string | null;
   readonly pid: number | null;
   readonly host: string | null;
+  /** The boundary it ran in: "bwrap" (the sandbox) or "none"; null when not started (or logged before sandboxes). */
+  readonly sandbox: "bwrap" | "none" | null;
+  /** Its network: "off" (none at all) or "host"; null when not started. */
+  readonly network: "off" | "host" | null;
 }
 
 export interface UnknownSummary {
@@ -61,6 +65,10 @@ export interface SessionSummary {
   readonly usage: Usage;
   readonly budgets: SessionProjection["budgets"];
   readonly validators: readonly (readonly string[])[];
+  /** The network the run asked for its cells ("host" with --cell-network host), "off" otherwise. */
+  readonly cell_network: "off" | "host";
+  /** Where its most recent cell ran: sandbox and network as recorded at launch; null before any. */
+  readonly cells_ran_in: { readonly sandbox: "bwrap" | "none"; readonly network: "off" | "host" } | null;
 }
 
 export interface Inspection {
@@ -104,6 +112,8 @@ export function summarizeSession(s: SessionProjection): SessionSummary {
       detail: e.detail,
       pid: e.started?.pid ?? null,
       host: e.started?.host ?? null,
+      sandbox: e.started?.sandbox ?? null,
+      network: e.started?.network ?? null,
     }));
   const unresolved = [...s.executions.values()].filter(isUnresolvedUnknown).map((e) => ({
     cell_id: e.cell_id,
@@ -130,7 +140,20 @@ export function summarizeSession(s: SessionProjection): SessionSummary {
     usage: s.state.runtime.usage,
     budgets: s.budgets,
     validators: s.validators,
+    cell_network: s.cell_network ?? "off",
+    cells_ran_in: lastContained(s),
   };
+}
+
+/** The sandbox and network of the session's most recently started execution that recorded them. */
+function lastContained(s: SessionProjection): SessionSummary["cells_ran_in"] {
+  let best: { seq: number; sandbox: "bwrap" | "none"; network: "off" | "host" } | null = null;
+  for (const e of s.executions.values()) {
+    const st = e.started;
+    if (st?.sandbox === undefined || (best !== null && st.seq < best.seq)) continue;
+    best = { seq: st.seq, sandbox: st.sandbox, network: st.network ?? (st.sandbox === "none" ? "host" : "off") };
+  }
+  return best === null ? null : { sandbox: best.sandbox, network: best.network };
 }
 
 function firstCodeLine(source: string): string {

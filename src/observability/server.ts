@@ -1,14 +1,17 @@
 /**
  * The observability HTTP endpoint of `cairn serve`: GET /metrics (Prometheus exposition of the
  * harness registry), /healthz (200 while the process is alive) and /readyz (200 when the harness says
- * it is ready, else 503 with the reason), plus any `routes` mounted on it (the timeline page). Nothing
- * else is served: 404 for unknown paths, 405 for other methods on known ones. No auth on these three:
- * bind to a private interface or put it behind the scheduler's network policy.
+ * it is ready, else 503 with the reason), plus any `routes` mounted on it (the timeline page, with
+ * `cairn serve --ui`). Nothing else is served: 404 for unknown paths, 405 for other methods on known
+ * ones. Every request but the probes passes the access gate first (./access.ts): a Host that is not
+ * this server is refused (421), and when a token is in force, /metrics and the routes need it (401).
+ * /healthz and /readyz answer anyone: schedulers probe without secrets.
  */
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import type { Logger } from "pino";
 import { ConfigError } from "../errors.js";
+import { createGate, LOOPBACK_ONLY, parseAllowHosts, requestTarget, type AccessPolicy, type Gate } from "./access.js";
 import type { Metrics } from "./metrics.js";
 
 /** What `ready()` answers: `reason` is served as the /readyz body either way. */
@@ -30,6 +33,8 @@ export interface ObservabilityServerOptions {
    * request, false to fall through to /metrics, /healthz and /readyz.
    */
   routes?: { handle(req: IncomingMessage, res: ServerResponse): Promise<boolean> };
+  /** Extra Host names and the token (default: loopback names only, no token). */
+  access?: AccessPolicy;
 }
 
 /** A running endpoint: `url` is `http://HOST:PORT` with the port actually bound. */
@@ -69,16 +74,26 @@ function send(res: ServerResponse, status: number, body: string, contentType = "
 }
 
 /**
- * Starts the endpoint and resolves once it listens. Rejects with ConfigError for a bad `listen`, and
- * with the socket error (EADDRINUSE, EACCES...) when it cannot bind.
+ * Starts the endpoint and resolves once it listens. Rejects with ConfigError for a bad `listen` or
+ * `access.allowHosts` entry, and with the socket error (EADDRINUSE, EACCES...) when it cannot bind.
  */
 export async function startObservabilityServer(opts: ObservabilityServerOptions): Promise<ObservabilityServer> {
   const { host, port } = parseListen(opts.listen);
+  parseAllowHosts(opts.access?.allowHosts ?? []);
   const log = opts.logger;
 
+  // Built once the port is bound: the Host check compares against the port actually served.
+  let gate: Gate | null = null;
+
   const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+    const target = requestTarget(req);
+    if (target === null) return send(res, 400, "bad request target\n");
+    const path = target.pathname;
+    if (gate === null || !gate.check(req, res, path).allowed) {
+      if (!res.headersSent) send(res, 503, "starting\n");
+      return;
+    }
     if (opts.routes !== undefined && (await opts.routes.handle(req, res))) return;
-    const path = new URL(req.url ?? "/", "http://localhost").pathname;
     const known = path === "/metrics" || path === "/healthz" || path === "/readyz";
     if (!known) return send(res, 404, "not found: try /metrics, /healthz or /readyz\n");
     if (req.method !== "GET" && req.method !== "HEAD") return send(res, 405, "method not allowed\n", undefined, { allow: "GET, HEAD" });
@@ -126,6 +141,7 @@ export async function startObservabilityServer(opts: ObservabilityServerOptions)
   server.on("error", (err) => log?.error({ err }, "observability server error"));
 
   const bound = (server.address() as AddressInfo).port;
+  gate = createGate(opts.access ?? LOOPBACK_ONLY, host, bound);
   const url = `http://${host.includes(":") ? `[${host}]` : host}:${bound}`;
   log?.info({ url }, "observability endpoint listening");
 

@@ -2,11 +2,17 @@
  * The terminal rendering of `cairn log`: one aligned line per thing that happened, times relative to
  * the run's start, output lines indented under their cell. Colour only when asked (`color: true`).
  *
+ * Every string an event carries (a cell's output, a goal, a model's note, an error from a provider)
+ * is printed with its control characters made visible (./visible.ts): a cell cannot move the cursor,
+ * retitle the terminal or overprint these lines. Only Cairn's own colour codes reach the terminal.
+ * `raw: true` prints the text as stored instead.
+ *
  * Pure given its input: it folds events into a TimelineBuilder for context (cell summaries, attempt
  * latencies) and returns lines; it never reads a clock.
  */
 import type { LogEvent } from "../state/events.js";
 import { TimelineBuilder, type CellView, type RoundView } from "./timeline.js";
+import { visibleDeep, visibleOutputLine } from "./visible.js";
 
 export interface LogTextOptions {
   readonly color: boolean;
@@ -14,6 +20,15 @@ export interface LogTextOptions {
   readonly session?: string;
   /** Only events about this cell (its patch, start, output, end, resolution). */
   readonly cell?: number;
+  /** Print recorded text as stored, control characters included (default false: made visible). */
+  readonly raw?: boolean;
+}
+
+/** `e` with every string made visible; an output chunk's data is kept whole, for its lines to be. */
+function visibleEvent(e: LogEvent): LogEvent {
+  const clean = visibleDeep(e);
+  if (e.kind === "execution_output" && clean.kind === "execution_output") return { ...clean, body: { ...clean.body, data: e.body.data } };
+  return clean;
 }
 
 const CODES = { red: 31, green: 32, yellow: 33, blue: 34, magenta: 35, cyan: 36, dim: 2, bold: 1 } as const;
@@ -99,13 +114,17 @@ export class LogText {
     if (flush && rest !== "") parts.push(rest);
     if (flush) this.partial.delete(key);
     else this.partial.set(key, rest);
-    return parts.map((l) => this.line(session, null, "", `${this.paint("dim", "│")} ${l.replace(/\r/g, "")}`.trimEnd()));
+    const bar = this.paint("dim", "│");
+    // Raw: the line exactly as stored, its trailing `\r` or spaces included.
+    if (this.options.raw === true) return parts.map((l) => this.line(session, null, "", l === "" ? bar : `${bar} ${l}`));
+    return parts.map((l) => this.line(session, null, "", `${bar} ${visibleOutputLine(l)}`.trimEnd()));
   }
 
   /** Folds `events` and returns the lines they produce (possibly none). */
   render(events: readonly LogEvent[]): string[] {
     const out: string[] = [];
-    for (const e of events) {
+    for (const stored of events) {
+      const e = this.options.raw === true ? stored : visibleEvent(stored);
       this.tl.apply([e]);
       if (this.options.session !== undefined && e.session !== this.options.session) continue;
       if (this.options.cell !== undefined && !concernsCell(e, this.options.cell)) continue;
@@ -128,7 +147,7 @@ export class LogText {
     switch (e.kind) {
       case "session_created":
         return [
-          this.line(s, e.at, "run", `${this.paint("bold", s)} started ${e.at}: ${JSON.stringify(e.body.goal)} in ${e.body.cwd}${e.body.validators.length ? `; validators: ${e.body.validators.map((v) => v.join(" ")).join(", ")}` : ""}`),
+          this.line(s, e.at, "run", `${this.paint("bold", s)} started ${e.at}: "${e.body.goal}" in ${e.body.cwd}${e.body.validators.length ? `; validators: ${e.body.validators.map((v) => v.join(" ")).join(", ")}` : ""}${e.body.cell_network === "host" ? "; cells on the host's network" : ""}`),
         ];
       case "owner_claimed":
         return [L("owner", `epoch ${e.body.epoch} on ${e.body.host} (pid ${e.body.pid}) since ${e.at}`, "cyan")];
@@ -163,7 +182,8 @@ export class LogText {
         return [];
       case "execution_started": {
         const c = this.cell(s, e.body.cell_id);
-        return [L(`cell ${e.body.cell_id}`, `${c?.kind ?? ""} started on ${e.body.host}${c?.epoch !== null && c?.epoch !== undefined ? ` epoch ${c.epoch}` : ""} (pid ${e.body.pid}): ${c?.summary ?? ""}`, "blue")];
+        const contained = e.body.sandbox === undefined ? "" : `, sandbox ${e.body.sandbox}${e.body.sandbox === "bwrap" ? `, network ${e.body.network ?? "off"}` : ""}`;
+        return [L(`cell ${e.body.cell_id}`, `${c?.kind ?? ""} started on ${e.body.host}${c?.epoch !== null && c?.epoch !== undefined ? ` epoch ${c.epoch}` : ""} (pid ${e.body.pid}${contained}): ${c?.summary ?? ""}`, e.body.sandbox === "none" ? "yellow" : "blue")];
       }
       case "execution_output":
         return this.outputLines(s, e.body.cell_id, e.body.data, false);

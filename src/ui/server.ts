@@ -12,10 +12,10 @@
  *   GET /api/output?db&session&cell   a cell's recorded output (text/plain)
  *   GET /api/patch?db&session&round   a round's patch (JSON)
  *
- * With a token (CAIRN_UI_TOKEN), every path here needs it: `?token=` (the page then sets an
- * HttpOnly cookie so its own requests carry it), a `cairn_token` cookie, or `Authorization: Bearer`.
+ * Who may ask is decided before this handler sees a request, by the server's access gate
+ * (../observability/access.ts: the Host check, then the token). The page is served under a strict
+ * Content-Security-Policy and renders every recorded text with `textContent`.
  */
-import { createHash, timingSafeEqual } from "node:crypto";
 import { readFileSync, existsSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { dirname, join } from "node:path";
@@ -29,8 +29,6 @@ export interface TimelineHandlerOptions {
   readonly storage: Storage;
   /** The databases the page lists (`cairn serve`: the one it owns; `cairn ui`: the one named). */
   readonly databases: () => Promise<readonly string[]>;
-  /** When set, every request here must carry it. */
-  readonly token?: string;
   readonly logger?: Logger;
   /** How often a watched database is polled for new commits (default 250 ms). */
   readonly pollMs?: number;
@@ -71,10 +69,6 @@ interface Feed {
   error: string | null;
 }
 
-function digest(s: string): Buffer {
-  return createHash("sha256").update(s).digest();
-}
-
 function send(res: ServerResponse, status: number, body: string, type = "text/plain; charset=utf-8", extra: Record<string, string> = {}): void {
   res.writeHead(status, { "content-type": type, "cache-control": "no-store", "x-content-type-options": "nosniff", ...extra });
   res.end(body);
@@ -90,7 +84,6 @@ export function createTimelineHandler(opts: TimelineHandlerOptions): TimelineHan
   const feeds = new Map<string, Feed>();
   const assets = assetsDir();
   const cache = new Map<string, string>();
-  const tokenDigest = opts.token !== undefined && opts.token !== "" ? digest(opts.token) : null;
   let closed = false;
 
   const asset = (file: string): string => {
@@ -100,17 +93,6 @@ export function createTimelineHandler(opts: TimelineHandlerOptions): TimelineHan
       cache.set(file, text);
     }
     return text;
-  };
-
-  const authorized = (req: IncomingMessage, url: URL): { ok: boolean; fromQuery: boolean } => {
-    if (tokenDigest === null) return { ok: true, fromQuery: false };
-    const match = (given: string | undefined | null): boolean => given !== undefined && given !== null && given !== "" && timingSafeEqual(digest(given), tokenDigest);
-    if (match(url.searchParams.get("token"))) return { ok: true, fromQuery: true };
-    const auth = req.headers.authorization;
-    if (auth?.startsWith("Bearer ") && match(auth.slice(7))) return { ok: true, fromQuery: false };
-    const cookie = /(?:^|;\s*)cairn_token=([^;]+)/.exec(req.headers.cookie ?? "");
-    if (cookie && match(decodeURIComponent(cookie[1]!))) return { ok: true, fromQuery: false };
-    return { ok: false, fromQuery: false };
   };
 
   const known = async (name: string | null): Promise<string | null> => {
@@ -221,15 +203,12 @@ export function createTimelineHandler(opts: TimelineHandlerOptions): TimelineHan
         send(res, 405, "method not allowed: the timeline is read-only\n", undefined, { allow: "GET, HEAD" });
         return true;
       }
-      const auth = authorized(req, url);
-      if (!auth.ok) {
-        send(res, 401, "a token is required: open the page as /?token=TOKEN (the CAIRN_UI_TOKEN the server was started with)\n");
-        return true;
-      }
       if (page !== undefined) {
-        const extra: Record<string, string> = { "content-security-policy": "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:" };
-        if (auth.fromQuery) extra["set-cookie"] = `cairn_token=${encodeURIComponent(url.searchParams.get("token")!)}; HttpOnly; SameSite=Strict; Path=/`;
-        send(res, 200, asset(page.file), page.type, extra);
+        send(res, 200, asset(page.file), page.type, {
+          "content-security-policy": "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+          "referrer-policy": "no-referrer",
+          "x-frame-options": "DENY",
+        });
         return true;
       }
       try {

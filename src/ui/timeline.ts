@@ -44,6 +44,9 @@ export interface CellView {
   pid: number | null;
   /** The ownership epoch in effect when it started (from `owner_claimed`), if recorded. */
   epoch: number | null;
+  /** Where it ran: the sandbox ("bwrap" or "none") and its network, as recorded at launch. */
+  sandbox: "bwrap" | "none" | null;
+  network: "off" | "host" | null;
   result: "success" | "error" | "cancelled" | "UnknownExecution" | null;
   exit_code: number | null;
   signal: string | null;
@@ -282,7 +285,7 @@ export class TimelineBuilder {
         const def = s.defs.get(e.body.cell_id);
         const c: CellView = {
           id: e.body.cell_id, kind: e.body.kind, summary: def ? cellSummary(def) : "", round: s.lastTurn?.n ?? null, queued_at: e.at,
-          started_at: null, finished_at: null, host: null, pid: null, epoch: null, result: null, exit_code: null, signal: null, duration_ms: null,
+          started_at: null, finished_at: null, host: null, pid: null, epoch: null, sandbox: null, network: null, result: null, exit_code: null, signal: null, duration_ms: null,
           output_bytes: 0, dropped_bytes: 0, detail: null, unknown: null, resolved_by: null,
         };
         s.cells.set(c.id, c);
@@ -297,6 +300,8 @@ export class TimelineBuilder {
         c.host = e.body.host;
         c.pid = e.body.pid;
         c.epoch = s.epoch;
+        c.sandbox = e.body.sandbox ?? null;
+        c.network = e.body.network ?? null;
         touchCell(c);
         return;
       }

@@ -91,7 +91,9 @@
  * equals the cluster's, without reading it again.
  */
 import { createHash } from "node:crypto";
+import { gunzipSync } from "node:zlib";
 import { z } from "zod";
+import { StorageFailure } from "../../src/storage/errors.js";
 
 /** Database names are the same rule as every adapter's (src/storage/semantics.ts); a name never contains "/". */
 export { checkDatabaseName } from "../../src/storage/semantics.js";
@@ -109,6 +111,37 @@ export const MAX_BATCH_BYTES = 1024 * 1024;
 export const MAX_BATCH_EVENTS = MAX_TXN_OPS - 2;
 /** The hash before the first batch. */
 export const GENESIS_HASH = "0".repeat(64);
+
+/** Identities per gzipped segment part (a part stays far below etcd's request limit). */
+export const SEGMENT_IDS = 50_000;
+/** The longest identity in UTF-8 bytes: 512 UTF-16 code units (src/state/events.ts), at most 3 bytes each. */
+const MAX_IDENTITY_BYTES = 512 * 3;
+/** The most one segment part can hold once decompressed: SEGMENT_IDS identities and their newlines. */
+export const MAX_SEGMENT_BYTES = SEGMENT_IDS * (MAX_IDENTITY_BYTES + 1);
+
+/**
+ * The identities of the segment part stored at `key`. Decompressed with an output limit: a part that
+ * would expand past MAX_SEGMENT_BYTES (a few hundred bytes of gzip can expand to gigabytes) is refused
+ * before that memory is taken. Throws StorageFailure naming the key when the part is not gzip, too
+ * large, or holds more than SEGMENT_IDS identities.
+ */
+export function segmentIdentities(key: string, gz: Buffer): string[] {
+  const refuse = (why: string, cause?: unknown): StorageFailure =>
+    new StorageFailure(
+      `the identity segment ${key} ${why}: it was damaged or written by something other than Cairn, so duplicate refusal cannot rely on it; check who may write under this database's prefix in etcd (deploy/etcd/roles.sh) and restore the cluster from a backup.`,
+      cause === undefined ? {} : { cause },
+    );
+  let text: string;
+  try {
+    text = gunzipSync(gz, { maxOutputLength: MAX_SEGMENT_BYTES }).toString("utf8");
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ERR_BUFFER_TOO_LARGE") throw refuse(`expands past ${MAX_SEGMENT_BYTES} bytes, more than ${SEGMENT_IDS} identities can take`, err);
+    throw refuse(`is not a gzip stream (${(err as Error).message})`, err);
+  }
+  const ids = text === "" ? [] : text.split("\n");
+  if (ids.length > SEGMENT_IDS) throw refuse(`holds ${ids.length} identities; a part holds at most ${SEGMENT_IDS}`);
+  return ids;
+}
 
 const pad = (n: number): string => String(n).padStart(16, "0");
 
@@ -145,14 +178,17 @@ export function seqOfLogKey(key: string): number {
   return Number(key.slice(key.lastIndexOf("/") + 1));
 }
 
-const Header = z.strictObject({
-  v: z.literal(1),
-  first: z.number().int().positive(),
-  last: z.number().int().positive(),
-  epoch: z.number().int().positive(),
-  token: z.string().min(1),
-  hash: z.string().regex(/^[0-9a-f]{64}$/),
-});
+const Header = z
+  .strictObject({
+    v: z.literal(1),
+    first: z.number().int().positive(),
+    last: z.number().int().positive(),
+    epoch: z.number().int().positive(),
+    token: z.string().min(1),
+    hash: z.string().regex(/^[0-9a-f]{64}$/),
+  })
+  // A reader steps from `first` to `last + 1`: a range running backwards would read the same record forever.
+  .refine((h) => h.last >= h.first, { message: "last is before first" });
 /** The header of a batch record. `token` names the commit attempt that wrote it (for read-back). */
 export type BatchHeader = z.infer<typeof Header>;
 
@@ -179,7 +215,10 @@ export function decodeBatch(key: string, value: string): BatchRecord {
     if (nl < 0) throw new Error("no header line");
     const header = Header.parse(JSON.parse(value.slice(0, nl)));
     if (seqOfLogKey(key) !== header.first) throw new Error(`header says first seq ${header.first}`);
-    return { header, eventsJson: value.slice(nl + 1) };
+    const eventsJson = value.slice(nl + 1);
+    // Each event takes at least two characters of the JSON array ("{}" and a comma): a count past that is a lie.
+    if (header.last - header.first + 1 > eventsJson.length) throw new Error(`header says ${header.last - header.first + 1} events in ${eventsJson.length} characters`);
+    return { header, eventsJson };
   } catch (err) {
     throw new Error(`the etcd record ${key} is malformed: ${(err as Error).message}`, { cause: err });
   }

@@ -25,12 +25,11 @@
 import Database from "better-sqlite3";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { gunzipSync } from "node:zlib";
 import type { LogEvent, NewEvent } from "../../src/state/events.js";
 import { StorageRejected } from "../../src/storage/errors.js";
 import { ownEvent } from "../../src/storage/snapshots.js";
 import { RowInserter } from "../../src/storage/sqlite-rows.js";
-import { GENESIS_HASH, chainHash, type BatchRecord } from "./layout.js";
+import { GENESIS_HASH, chainHash, segmentIdentities, type BatchRecord } from "./layout.js";
 
 /** The path of the local copy of database `name` under `dataDir`. */
 export function localCopyPath(dataDir: string, name: string): string {
@@ -458,9 +457,8 @@ export class LocalCopy {
   private archived(): ReadonlySet<string> {
     if (this.archive === null) {
       const set = new Set<string>();
-      for (const row of this.db.prepare("SELECT gz FROM idarch").iterate() as Iterable<{ gz: Buffer }>) {
-        const text = gunzipSync(row.gz).toString("utf8");
-        if (text !== "") for (const id of text.split("\n")) set.add(id);
+      for (const row of this.db.prepare("SELECT key, gz FROM idarch").iterate() as Iterable<{ key: string; gz: Buffer }>) {
+        for (const id of segmentIdentities(row.key, row.gz)) set.add(id);
       }
       this.archive = set;
     }

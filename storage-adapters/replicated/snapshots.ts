@@ -19,14 +19,12 @@ import { ResetError, StorageRejected } from "../../src/storage/errors.js";
 import { checkSnapshotWrite, snapshotDigest, verifiedSnapshot } from "../../src/storage/snapshots.js";
 import { z } from "zod";
 import type { Context } from "./context.js";
-import { MAX_BATCH_BYTES, type Keys } from "./layout.js";
+import { MAX_BATCH_BYTES, SEGMENT_IDS, segmentIdentities, type Keys } from "./layout.js";
 import type { LocalCopy } from "./local-copy.js";
 import { fencedBy, get, kvsOf, ownerGuard, prefixEnd } from "./ops.js";
 
 /** Keys deleted (or identities scanned) per compaction transaction: bounded, under --max-txn-ops. */
 export const COMPACT_BATCH = 100;
-/** Identities per gzipped segment part (a part stays far below etcd's request limit). */
-const SEGMENT_IDS = 50_000;
 
 const Pointer = z.strictObject({
   v: z.literal(1),
@@ -224,8 +222,14 @@ async function deleteKeysIn(ctx: Context, w: SnapshotWriter, prefix: string, end
   }
 }
 
-/** Every identity segment (key and gzipped bytes), for a copy rebuilt from a snapshot. */
+/**
+ * Every identity segment (key and gzipped bytes), for a copy rebuilt from a snapshot. Each is checked
+ * to decompress within its bound (layout.ts `segmentIdentities`) before the copy keeps it: throws
+ * StorageFailure for one that does not.
+ */
 export async function readSegments(ctx: Context, keys: Keys): Promise<{ key: string; gz: Buffer }[]> {
   const res = await ctx.call((client) => client.kv.range({ key: Buffer.from(keys.idArchPrefix), range_end: prefixEnd(keys.idArchPrefix) }));
-  return res.kvs.map((kv) => ({ key: kv.key.toString("utf8"), gz: kv.value }));
+  const segments = res.kvs.map((kv) => ({ key: kv.key.toString("utf8"), gz: kv.value }));
+  for (const s of segments) segmentIdentities(s.key, s.gz);
+  return segments;
 }

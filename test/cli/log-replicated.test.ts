@@ -45,7 +45,7 @@ describe("cairn log on the replicated adapter", { timeout: 240_000 }, () => {
         /run\s+s1 started .*"say hello"/,
         /owner\s+epoch 1 on \S+ \(pid \d+\)/,
         /round 1\s+accepted: revision 1/,
-        /cell 1\s+cmd started on \S+ epoch 1 \(pid \d+\)/,
+        /cell 1\s+cmd started on \S+ epoch 1 \(pid \d+, sandbox (bwrap, network off|none)\)/,
         /│ hello from the cluster/,
         /cell 1\s+success exit 0/,
         /end\s+run s1 success/,

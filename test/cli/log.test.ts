@@ -79,7 +79,7 @@ describe("cairn log", () => {
       find(/round 1\s+prepared at revision 0/),
       find(/round 1\s+accepted: revision 1; 1 attempt\(s\), model \d+ ms, tokens \d+ in \/ \d+ out/),
       find(/\+ cell 1 cmd: sh -c echo 'checking the build'/),
-      find(/cell 1\s+cmd started on \S+ epoch 1 \(pid \d+\)/),
+      find(/cell 1\s+cmd started on \S+ epoch 1 \(pid \d+, sandbox (bwrap, network off|none)\)/),
       find(/│ build broken/),
       find(/cell 1\s+error exit 3 in \d+ ms/),
       find(/round 2\s+accepted/),

@@ -1,6 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createServer } from "node:net";
+import { request } from "node:http";
 import { Metrics } from "../../src/observability/metrics.js";
 import { parseListen, startObservabilityServer, type Readiness } from "../../src/observability/server.js";
 import { hasCode } from "../../src/errors.js";
@@ -108,4 +109,25 @@ test("listen strings: valid forms parse, bad ones fail with a sentence naming --
     startObservabilityServer({ listen: "nonsense", metrics: new Metrics({ defaultMetrics: false }), ready: () => ({ ready: true, reason: "" }) }),
     /--listen expects HOST:PORT.*got "nonsense"/,
   );
+});
+
+test("by default the endpoint answers only to loopback names with its port; the probes answer any Host", async () => {
+  const server = await startObservabilityServer({ listen: "127.0.0.1:0", metrics: new Metrics({ defaultMetrics: false }), ready: () => ({ ready: true, reason: "ok" }) });
+  const get = (path: string, host: string): Promise<number> =>
+    new Promise((resolve, reject) => {
+      const req = request({ host: "127.0.0.1", port: server.port, path, headers: { host }, setHost: false }, (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      });
+      req.on("error", reject);
+      req.end();
+    });
+  try {
+    assert.equal(await get("/metrics", `localhost:${server.port}`), 200);
+    assert.equal(await get("/metrics", `127.0.0.1:${server.port}`), 200);
+    assert.equal(await get("/metrics", `rebound.example:${server.port}`), 421);
+    assert.equal(await get("/readyz", `rebound.example:${server.port}`), 200);
+  } finally {
+    await server.close();
+  }
 });

@@ -20,7 +20,7 @@ import { startPageServer } from "../../src/ui/http.js";
 import { tempDir } from "../harness/support.js";
 import { killAll, runScenario, spawnCairn, until, type Scenario, type Spawned } from "./scenario.js";
 
-const TOKEN = "s3cret-token";
+const TOKEN = "s3cret-token-of-the-page";
 const ARTIFACTS = join(ROOT, "artifacts", "ui");
 const t = tempDir("cairn-ui-");
 const children: ChildProcess[] = [];
@@ -143,6 +143,11 @@ describe("the timeline page in chromium", () => {
     assert.equal(await page.textContent(".row[data-kind=cell][data-id='2'] .unknown-mark"), "?✓");
     assert.match((await page.getAttribute(".row[data-kind=cell][data-id='2']", "title"))!, /UnknownExecution: .*resolved by note 3/);
     assert.equal(await page.$$eval(".unknown-mark", (els) => els.length), 1);
+    // Where each cell ran: its row says whether it was sandboxed, and an unsandboxed one is marked.
+    const sandbox = await page.getAttribute(".row[data-kind=cell][data-id='1']", "data-sandbox");
+    assert.ok(sandbox === "bwrap" || sandbox === "none", `data-sandbox ${sandbox}`);
+    assert.match((await page.getAttribute(".row[data-kind=cell][data-id='1']", "title"))!, sandbox === "bwrap" ? /, sandboxed \(network off\)/ : /, NOT sandboxed/);
+    assert.equal(await page.$$eval(".row.unsandboxed", (els) => els.length), sandbox === "none" ? 3 : 0);
     // Ownership: epoch 1 (A) from the start, epoch 2 (B) where it took over, with the host.
     const owners = await page.$$eval("section.session[data-session=s1] .owner-line", (els) => els.map((e) => [e.getAttribute("data-epoch"), e.getAttribute("data-host"), e.textContent]));
     assert.deepEqual(owners.map((o) => o[0]), ["1", "2"]);

@@ -69,7 +69,7 @@ describe("cairn log on the memory adapter", () => {
       assert.match(all, /round 1 {4}patch refused \(attempt 1, \w+\): .*revision/);
       assert.match(all, /round 1 {4}accepted: revision 1; 2 attempt\(s\), model \d+ ms, tokens 200 in \/ 20 out, 1 refused/);
       assert.match(all, /round 2 {4}attempt 1 failed \(will retry\): .*connection reset by the test/);
-      assert.match(all, /cell 1 {5}cmd started on \S+ epoch \d+ \(pid \d+\): sh -c echo hello; echo oops >&2/);
+      assert.match(all, /cell 1 {5}cmd started on \S+ epoch \d+ \(pid \d+, sandbox (bwrap, network off|none)\): sh -c echo hello; echo oops >&2/);
       assert.match(all, /│ hello/);
       assert.match(all, /│ oops/);
       assert.match(all, /cell 1 {5}success exit 0/);
@@ -116,13 +116,20 @@ describe("the page next to /metrics", () => {
     const storage = createMemoryStorage();
     const hold: { until: Promise<void> | null } = { until: null };
     const h = await Harness.open({ storage, name: "web", model: trickyModel(hold), workDir: t.dir });
-    const page = createTimelineHandler({ storage, databases: async () => ["web"], token: "tok", pollMs: 20 });
-    const server = await startObservabilityServer({ listen: "127.0.0.1:0", metrics: new Metrics({ adapter: "memory" }), ready: () => ({ ready: true, reason: "ok" }), routes: page });
+    const page = createTimelineHandler({ storage, databases: async () => ["web"], pollMs: 20 });
+    const server = await startObservabilityServer({
+      listen: "127.0.0.1:0",
+      metrics: new Metrics({ adapter: "memory" }),
+      ready: () => ({ ready: true, reason: "ok" }),
+      routes: page,
+      access: { allowHosts: [], token: "tok" },
+    });
     try {
       const s1 = await h.start({ goal: "first run", cwd: t.dir });
       await h.wait(s1);
-      assert.equal((await fetch(`${server.url}/metrics`)).status, 200, "/metrics needs no token");
-      assert.equal((await fetch(`${server.url}/healthz`)).status, 200);
+      assert.equal((await fetch(`${server.url}/metrics`)).status, 401, "/metrics needs the token in force");
+      assert.equal((await fetch(`${server.url}/metrics`, { headers: { authorization: "Bearer tok" } })).status, 200);
+      assert.equal((await fetch(`${server.url}/healthz`)).status, 200, "probes need no token");
       assert.equal((await fetch(`${server.url}/`)).status, 401);
       assert.equal((await fetch(`${server.url}/api/databases`, { headers: { cookie: "cairn_token=wrong" } })).status, 401);
       const home = await fetch(`${server.url}/?token=tok`);
@@ -137,8 +144,9 @@ describe("the page next to /metrics", () => {
       assert.equal((await fetch(`${server.url}/api/timeline?db=other`, auth)).status, 404);
       assert.equal((await fetch(`${server.url}/`, { method: "POST", ...auth })).status, 405);
 
-      const tl = (await (await fetch(`${server.url}/api/timeline?db=web`, auth)).json()) as { head: number; sessions: { id: string; status: string; rounds: { rejected: unknown[] }[]; cells: { id: number; result: string }[]; owners: { epoch: number }[] }[] };
+      const tl = (await (await fetch(`${server.url}/api/timeline?db=web`, auth)).json()) as { head: number; sessions: { id: string; status: string; rounds: { rejected: unknown[] }[]; cells: { id: number; result: string; sandbox: string | null; network: string | null }[]; owners: { epoch: number }[] }[] };
       assert.equal(tl.sessions[0]!.status, "success");
+      assert.deepEqual(tl.sessions[0]!.cells.map((c) => [c.sandbox, c.network]), [[h.sandbox.kind, h.sandbox.kind === "bwrap" ? "off" : "host"]], "where each cell ran is on the page");
       assert.equal(tl.sessions[0]!.rounds[0]!.rejected.length, 1);
       assert.deepEqual(tl.sessions[0]!.cells.map((c) => [c.id, c.result]), [[1, "success"]]);
       assert.deepEqual(tl.sessions[0]!.owners.map((o) => o.epoch), [h.epoch]);

@@ -152,7 +152,10 @@
       $(".track", row).append(q);
     } else if (q) q.textContent = c.resolved_by ? "?✓" : "?";
     row.classList.toggle("has-unknown", outcome === "unknown");
-    const where = c.host ? ` on ${c.host}${c.epoch != null ? ` (epoch ${c.epoch})` : ""}` : "";
+    row.classList.toggle("unsandboxed", c.sandbox === "none");
+    row.dataset.sandbox = c.sandbox ?? "";
+    const contained = c.sandbox === "bwrap" ? `, sandboxed (network ${c.network ?? "off"})` : c.sandbox === "none" ? ", NOT sandboxed" : "";
+    const where = c.host ? ` on ${c.host}${c.epoch != null ? ` (epoch ${c.epoch})` : ""}${contained}` : "";
     const how = c.result === "UnknownExecution" ? `UnknownExecution: ${c.unknown?.reason ?? ""}${c.resolved_by ? `; resolved by note ${c.resolved_by.note_id}` : "; unresolved"}` : c.result ? `${c.result}${c.exit_code != null ? ` exit ${c.exit_code}` : ""} in ${fmtDur(c.duration_ms)}` : outcome;
     row.title = `cell ${c.id}${where}: ${how}`;
     place(s, key);
