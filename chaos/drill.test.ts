@@ -21,6 +21,20 @@ import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
 import { describe, it } from "node:test";
 import { GenericContainer, Network, Wait, type StartedNetwork, type StartedTestContainer } from "testcontainers";
+
+/**
+ * A worker machine whose cells can be sandboxed (deploy/README.md says what a scheduler must allow):
+ * user namespaces past Docker's default seccomp profile, and a /proc bubblewrap can mount (what
+ * `docker run --security-opt systempaths=unconfined` does: no masked or read-only /proc paths).
+ */
+class SandboxableContainer extends GenericContainer {
+  constructor(image: string) {
+    super(image);
+    this.hostConfig.SecurityOpt = ["seccomp=unconfined"];
+    this.hostConfig.MaskedPaths = [];
+    this.hostConfig.ReadonlyPaths = [];
+  }
+}
 import type { LogEvent } from "../src/state/events.js";
 import type { State } from "../src/state/schema.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
@@ -113,12 +127,9 @@ describe("container drill: machines and zones as containers, the test as the sch
       containers.push(...etcds);
       const machines = await Promise.all(
         [1, 2].map((n) =>
-          new GenericContainer(images.worker)
+          new SandboxableContainer(images.worker)
             .withNetwork(net!)
             .withNetworkAliases(`machine-${n}`)
-            // What the cell sandbox needs from the container runtime (deploy/README.md): user
-            // namespaces past Docker's default seccomp profile, and a /proc bubblewrap can mount.
-            .withSecurityOpt("seccomp=unconfined", "systempaths=unconfined")
             .withEntrypoint(["/usr/bin/node", "-e", "setInterval(() => {}, 1 << 30)"])
             .withCommand([])
             .withStartupTimeout(180_000)
