@@ -7,7 +7,7 @@ import type { CairnError } from "../../src/errors.js";
 import { classifyEtcdError, mapEtcdError } from "./etcd-errors.js";
 import type { HealthMonitor } from "./health.js";
 import type { ReplicatedLogger, ResolvedOptions } from "./options.js";
-import type { Member, Router } from "./router.js";
+import type { Router } from "./router.js";
 
 /** Counters shared by the databases of one Storage (for stats and tests). */
 export interface Counters {
@@ -36,7 +36,7 @@ export class Context {
    * is reported to the health monitor before the error is rethrown unchanged (callers decide what an
    * unknown outcome means); a success marks the quorum held (when `linearizable`).
    */
-  async call<T>(op: (client: Etcd3, member: Member) => Promise<T>, linearizable = true): Promise<T> {
+  async call<T>(op: (client: Etcd3) => Promise<T>, linearizable = true): Promise<T> {
     try {
       const res = await this.router.call(op, this.opts.commitTimeoutMs);
       if (linearizable) this.health.noteSuccess();
