@@ -3,9 +3,10 @@
  * zone. A commit resolves once etcd committed it, i.e. once a majority (2 of 3 zones) holds it,
  * fsynced. No replication protocol of our own: one guarded etcd transaction per commit (group).
  *
- * Layout of the keys: layout.ts. Commits, grouping and unknown outcomes: commit-pipeline.ts.
+ * Layout of the keys: layout.ts. The etcd client (one stack for every call): client.ts, routed
+ * around silent members by router.ts. Commits, grouping and unknown outcomes: commit-pipeline.ts.
  * Ownership and fencing: database.ts. Local SQLite copy: local-copy.ts. Error mapping:
- * etcd-errors.ts. Limits and deployment: deploy/etcd/README.md.
+ * etcd-errors.ts. Retries: retry.ts. Limits and deployment: deploy/etcd/README.md.
  */
 import { CairnError } from "../../src/errors.js";
 import type { LogEvent } from "../../src/state/events.js";
