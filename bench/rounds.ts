@@ -5,7 +5,7 @@
  *
  * - floor of one round = three raw durable commits of the same adapter (sqlite: a fsynced INSERT
  *   transaction on a WAL/synchronous=FULL file; replicated: a guarded etcd transaction of the same
- *   shape as a commit, on the transport the adapter's commits use, txn-wire.ts) plus a plain
+ *   shape as a commit, on a client configured as the adapter's, client.ts) plus a plain
  *   asynchronous spawn of `true` to its exit, inside a bare bubblewrap sandbox when cells get one;
  * - for 1, 8 and 64 sessions in one process: ms per round (one session's wall time / its rounds),
  *   rounds/s in total, commits per round, durable writes per round (on replicated the etcd
@@ -60,7 +60,7 @@ import type { Database, Storage } from "../src/storage/contract.js";
 import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
-import { TxnWire } from "../storage-adapters/replicated/txn-wire.js";
+import { clientOptions, closeEtcdClient, memberClient } from "../storage-adapters/replicated/client.js";
 import { put, valueIs } from "../storage-adapters/replicated/ops.js";
 import { tagBatches } from "../chaos/support/tagging.js";
 import { passThrough, passThroughStorage } from "../chaos/support/passthrough.js";
@@ -105,9 +105,9 @@ function sqliteBackend(dir: string): Backend {
 }
 
 function replicatedBackend(cluster: DevCluster): Backend {
-  // The floor's raw transactions go on the transport the adapter's commits use (txn-wire.ts), so the
-  // ratio compares the harness with the same client, not with the heavier etcd3 library.
-  const wire = new TxnWire(cluster.endpoints[0]!, undefined, 64 * 1024 * 1024);
+  // The floor's raw transactions go on a client configured as the adapter's (client.ts), so the
+  // ratio compares the harness with the same client.
+  const wire = memberClient(cluster.endpoints[0]!, clientOptions({}), 5000);
   const heads = new Map<number, number>();
   const value = "r".repeat(420);
   return {
@@ -116,19 +116,16 @@ function replicatedBackend(cluster: DevCluster): Backend {
     rawCommit: async (loop) => {
       const head = heads.get(loop) ?? 0;
       const k = (s: string): string => `bench/floor/${loop}/${s}`;
-      if (head === 0) await wire.txn({ compare: [], success: [put(k("epoch"), "1"), put(k("head"), "0")], failure: [] }, 5000);
-      const res = await wire.txn(
-        {
-          compare: [valueIs(k("epoch"), "1"), valueIs(k("head"), String(head))],
-          success: [put(k(`log/${String(head + 1).padStart(16, "0")}`), value), put(k("head"), String(head + 1))],
-          failure: [],
-        },
-        5000,
-      );
+      if (head === 0) await wire.kv.txn({ compare: [], success: [put(k("epoch"), "1"), put(k("head"), "0")], failure: [] });
+      const res = await wire.kv.txn({
+        compare: [valueIs(k("epoch"), "1"), valueIs(k("head"), String(head))],
+        success: [put(k(`log/${String(head + 1).padStart(16, "0")}`), value), put(k("head"), String(head + 1))],
+        failure: [],
+      });
       if (!res.succeeded) throw new Error("floor txn guard failed");
       heads.set(loop, head + 1);
     },
-    close: async () => wire.close(),
+    close: async () => closeEtcdClient(wire),
   };
 }
 
