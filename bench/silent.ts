@@ -15,8 +15,7 @@ import { event } from "../src/state/events.js";
 import type { Database } from "../src/storage/contract.js";
 import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
-import { firewallUnavailable } from "../chaos/partition/firewall.js";
-import { dropPorts, portOf } from "../chaos/zones/drop.js";
+import { dropPorts, firewallUnavailable, portOf } from "../chaos/support/firewall.js";
 
 const AT = "2025-01-02T03:04:05.678Z";
 

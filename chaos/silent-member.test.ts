@@ -26,8 +26,7 @@ import type { Database } from "../src/storage/contract.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { devCluster, ev, tempDir } from "../test/replicated/helpers.js";
 import type { DevCluster } from "../storage-adapters/replicated/devcluster.js";
-import { firewallUnavailable } from "./partition/firewall.js";
-import { dropPorts, portOf } from "./zones/drop.js";
+import { dropPorts, firewallUnavailable, portOf } from "./support/firewall.js";
 import { until } from "../test/support/wait.js";
 import { exitAfterTests } from "../test/support/exit.js";
 

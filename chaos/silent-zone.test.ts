@@ -24,11 +24,10 @@ import { Harness } from "../src/harness/harness.js";
 import type { Model, ModelReply, ModelRequest } from "../src/model/contract.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { devCluster, tempDir } from "../test/replicated/helpers.js";
-import { firewallUnavailable, partition, type Partition } from "./partition/firewall.js";
+import { firewallUnavailable, partition, portOf, type Partition } from "./support/firewall.js";
 import { userIds } from "./partition/owner-process.js";
 import { stageForOtherUser } from "./partition/stage.js";
 import { cmdPatch, concludePatch, resolvePatch, writeScript } from "./support/patches.js";
-import { portOf } from "./zones/drop.js";
 import { until } from "../test/support/wait.js";
 import { exitAfterTests } from "../test/support/exit.js";
 

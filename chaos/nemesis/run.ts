@@ -17,7 +17,7 @@ import { startDevCluster, type DevCluster } from "../../storage-adapters/replica
 import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { check, report, type FinalEvent, type Floor, type Verdict } from "./checker.js";
-import { firewall, firewallUnavailable, type Firewall } from "./firewall.js";
+import { firewall, firewallUnavailable, type Firewall } from "../support/firewall.js";
 import { HistoryWriter, parseHistory, type HRecord } from "./history.js";
 import type { Plan } from "./policy.js";
 import { bundle } from "./bundle.js";

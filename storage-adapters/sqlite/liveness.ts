@@ -20,7 +20,8 @@ import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { OwnershipLease } from "../../src/storage/contract.js";
 import type { Connection } from "./connection.js";
-import { isStopped, killAndWait, pidAlive } from "./procs.js";
+import { pidAlive } from "../../src/storage/pid.js";
+import { isStopped, killAndWait } from "./procs.js";
 
 export const DEFAULT_LEASE_MS = 3000;
 
