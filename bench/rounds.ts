@@ -59,7 +59,7 @@ import { encodeSnapshot } from "../src/state/snapshot.js";
 import type { Database, Storage } from "../src/storage/contract.js";
 import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
-import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
+import { startDevCluster, type DevCluster } from "../src/cli/devcluster/index.js";
 import { TxnWire } from "../storage-adapters/replicated/txn-wire.js";
 import { put, valueIs } from "../storage-adapters/replicated/ops.js";
 import { tagBatches } from "../chaos/support/tagging.js";

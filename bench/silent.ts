@@ -13,7 +13,7 @@ import { pathToFileURL } from "node:url";
 import { setTimeout as sleep } from "node:timers/promises";
 import { event } from "../src/state/events.js";
 import type { Database } from "../src/storage/contract.js";
-import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
+import { startDevCluster, type DevCluster } from "../src/cli/devcluster/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { dropPorts, firewallUnavailable, portOf } from "../chaos/support/firewall.js";
 

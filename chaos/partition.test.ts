@@ -25,7 +25,7 @@ import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { event, identity, type LogEvent } from "../src/state/events.js";
 import type { Storage } from "../src/storage/contract.js";
-import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
+import { startDevCluster, type DevCluster } from "../src/cli/devcluster/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { firewallUnavailable, partition, type CutMode, type Partition } from "./support/firewall.js";
 import { stageOwner, startOwner, userIds, type OwnerLine, type OwnerProcess, type StagedOwner } from "./partition/owner-process.js";

@@ -25,7 +25,7 @@ import { startObservabilityServer } from "../src/observability/server.js";
 import type { Database } from "../src/storage/contract.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { devCluster, ev, tempDir } from "../test/replicated/helpers.js";
-import type { DevCluster } from "../storage-adapters/replicated/devcluster.js";
+import type { DevCluster } from "../src/cli/devcluster/index.js";
 import { dropPorts, firewallUnavailable, portOf } from "./support/firewall.js";
 import { until } from "../test/support/wait.js";
 import { exitAfterTests } from "../test/support/exit.js";

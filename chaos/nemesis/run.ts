@@ -13,7 +13,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { LogEvent } from "../../src/state/events.js";
 import type { Storage } from "../../src/storage/contract.js";
-import { startDevCluster, type DevCluster } from "../../storage-adapters/replicated/devcluster.js";
+import { startDevCluster, type DevCluster } from "../../src/cli/devcluster/index.js";
 import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { check, report, type FinalEvent, type Floor, type Verdict } from "./checker.js";
