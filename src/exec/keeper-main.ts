@@ -3,7 +3,8 @@
  * nothing but node:fs (through procfs.ts), so it starts in a few tens of milliseconds and holds
  * little memory.
  *
- * Its arguments: the label, the deadline, the groups held ("PGID:START,...", at most
+ * Its arguments (after its program: a path, or "cairn-keeper" when node runs it as `-e` code): the
+ * label, the deadline, the groups held ("PGID:START,...", at most
  * ARGV_GROUPS), and "fd3" when there are more: the rest are in the file open as its fd 3 (see spill
  * in keeper.ts). So it holds them all from its first instruction: an owner that freezes right after
  * starting it (before writing a line) is still covered. Then it reads commands from stdin, one per

@@ -27,61 +27,54 @@
  * computed with a margin below the lease's real expiry.
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { createHash, randomBytes } from "node:crypto";
-import { closeSync, existsSync, mkdirSync, openSync, renameSync, unlinkSync, writeFileSync, writeSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { closeSync, existsSync, openSync, unlinkSync, writeSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { readProcStat } from "./procfs.js";
 
 /**
- * The keeper's program as a file node can run: keeper-main.js beside this file once built (dist/);
- * cairn-keeper.mjs beside a bundle of Cairn (deploy/Dockerfile's /app/cairn.mjs, the nemesis's
- * worker), built from keeper-main.ts alongside it (KEEPER_BUNDLE); run from source (tsx), keeper-main.ts
- * bundled into plain JavaScript (see fromSource). Throws when none is there: an owner without a
- * keeper would hold its cells to no lease, so a package that lacks it must fail at open rather than
- * lose that guarantee silently.
+ * Node's arguments that start the keeper's program (keeper-main.ts), before the keeper's own: built
+ * (dist/), keeper-main.js beside this file; in a bundle of Cairn (deploy/Dockerfile's /app/cairn.mjs,
+ * the nemesis's worker), cairn-keeper.mjs beside the bundle, built from keeper-main.ts alongside it
+ * (KEEPER_BUNDLE); run from source (tsx), keeper-main.ts bundled into plain JavaScript in memory
+ * (see fromSource). Throws when none is there: an owner without a keeper would hold its cells to no
+ * lease, so a package that lacks it must fail at open rather than lose that guarantee silently.
  */
-let resolved: string | null = null;
-function keeperProgram(): string {
+let resolved: readonly string[] | null = null;
+function keeperCommand(): readonly string[] {
   if (resolved !== null) return resolved;
   const here = import.meta.url;
   if (here.endsWith(".ts")) return (resolved = fromSource(here));
   for (const name of ["./keeper-main.js", `./${KEEPER_BUNDLE}`]) {
     const program = fileURLToPath(new URL(name, here));
-    if (existsSync(program)) return (resolved = program);
+    if (existsSync(program)) return (resolved = [program]);
   }
   throw new Error(`the cell keeper's program is missing: neither keeper-main.js nor ${KEEPER_BUNDLE} is beside ${fileURLToPath(here)} (a bundle of Cairn must ship src/exec/keeper-main.ts bundled as ${KEEPER_BUNDLE} beside it)`);
 }
 
 /** The part of esbuild's API fromSource uses. */
 interface EsbuildSync {
-  buildSync(options: Record<string, unknown>): { outputFiles: { contents: Uint8Array }[] };
+  buildSync(options: Record<string, unknown>): { outputFiles: { text: string }[] };
 }
 
 /**
- * Run from source: keeper-main.ts bundled by esbuild (which tsx brings) into node_modules/.cache,
- * named by its content, once per process. Not run through tsx itself: tsx's own start costs a
- * keeper about 0.4 s of CPU and 35 MB more, and a keeper that starts late acts late.
+ * Run from source: keeper-main.ts bundled by esbuild (which tsx brings), once per process, and
+ * handed to node as `-e` code ("cairn-keeper" stands where a program's path would be in its argv).
+ * Not run through tsx itself: tsx's own start costs a keeper about 0.4 s of CPU, and a keeper that
+ * starts late acts late. Nothing is written, so an owner running as another user from a read-only
+ * copy of the sources (the partition tests) starts its keeper too.
  */
-function fromSource(here: string): string {
+function fromSource(here: string): readonly string[] {
   const esbuild = createRequire(here)("esbuild") as EsbuildSync;
   const entry = fileURLToPath(new URL("./keeper-main.ts", here));
   const built = esbuild.buildSync({ entryPoints: [entry], bundle: true, platform: "node", format: "esm", target: "node20", write: false, logLevel: "error" });
-  const code = built.outputFiles[0]!.contents;
-  const out = fileURLToPath(new URL(`../../node_modules/.cache/cairn-keeper/keeper-${createHash("sha256").update(code).digest("hex").slice(0, 16)}.mjs`, here));
-  if (!existsSync(out)) {
-    mkdirSync(dirname(out), { recursive: true });
-    // Written aside and renamed: another process may be starting a keeper from the same tree.
-    const aside = `${out}.${process.pid}`;
-    writeFileSync(aside, code);
-    renameSync(aside, out);
-  }
-  return out;
+  return ["--input-type=module", "-e", built.outputFiles[0]!.text, "cairn-keeper"];
 }
 
-/** The file name of keeper-main.ts bundled, beside a bundle of Cairn (see keeperProgram). */
+/** The file name of keeper-main.ts bundled, beside a bundle of Cairn (see keeperCommand). */
 export const KEEPER_BUNDLE = "cairn-keeper.mjs";
 
 /** How often the owner tells the keeper its lease's deadline. */
@@ -121,11 +114,11 @@ export class CellKeeper {
     private readonly remainingMs: () => number,
     private readonly label: string,
   ) {
-    this.program = keeperProgram();
+    this.command = keeperCommand();
   }
 
-  /** The keeper's program (see keeperProgram). */
-  private readonly program: string;
+  /** Node's arguments that start the keeper's program (see keeperCommand). */
+  private readonly command: readonly string[];
 
   /** Holds `pgid` (leader started at `startTime`, as /proc reports it) to the lease. Starts the keeper on first use. */
   add(pgid: number, startTime: string): void {
@@ -194,7 +187,7 @@ export class CellKeeper {
     /** The groups past the arguments, when they could not be spilled: sent through the pipe after the start. */
     let piped: string[] = [];
     try {
-      const args = [this.program, this.label, this.deadline(), entries.slice(0, ARGV_GROUPS).join(",")];
+      const args = [...this.command, this.label, this.deadline(), entries.slice(0, ARGV_GROUPS).join(",")];
       if (entries.length > ARGV_GROUPS) {
         try {
           rest = spill(entries.slice(ARGV_GROUPS).join(","));
