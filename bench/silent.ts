@@ -1,5 +1,5 @@
 /**
- * A silent member (issue 14): commit throughput and p50 latency on a fresh three-member dev cluster,
+ * A silent member: commit throughput and p50 latency on a fresh three-member dev cluster,
  * healthy, then with one follower SIGSTOPped, then with one member's traffic dropped by iptables
  * (root only; skipped otherwise), each window right after a healthy one so both see the same load.
  * Prints the ratios (target: throughput at least 0.7x, p50 at most 1.5x the healthy window).

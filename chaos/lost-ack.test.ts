@@ -1,5 +1,5 @@
 /**
- * Lost acknowledgements (issue 3): the sqlite commit becomes durable, then its acknowledgement is lost
+ * Lost acknowledgements: the sqlite commit becomes durable, then its acknowledgement is lost
  * (the adapter's `commit:after-durable` fault point throws). The harness must treat the outcome as
  * unknown (StorageFailure: poisoned, launching nothing more), and a NEW harness on the same files must
  * learn the truth from the log: the committed batch is there, nothing is done twice, nothing is lost.

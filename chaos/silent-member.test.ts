@@ -1,5 +1,5 @@
 /**
- * Silent members (issue 14), on a real three-member etcd cluster started by the test:
+ * Silent members, on a real three-member etcd cluster started by the test:
  *
  * - one follower SIGSTOPped (connections stay open, nothing answers);
  * - one member's traffic dropped with iptables (client and peer ports: up, but silent);

@@ -1,5 +1,5 @@
 /**
- * Surviving children and recycled pids (issue 3).
+ * Surviving children and recycled pids.
  *
  * 1. A harness in another process (a real `cairn run`) starts a cell whose process group holds a long
  *    `sleep`; the harness is SIGKILLed. Resumed in this process, recovery must find the survivor by

@@ -1,5 +1,5 @@
 /**
- * The owner's lease on sqlite (issue 14): a heartbeat row per owner epoch, on one machine's clock.
+ * The owner's lease on sqlite: a heartbeat row per owner epoch, on one machine's clock.
  * Liveness only: fencing stays the owner epoch checked inside every transaction.
  *
  * - The claim inserts this owner's row in `lease` (epoch, host, pid, renewed_at, ttl_ms) and reads the

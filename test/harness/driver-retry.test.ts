@@ -1,7 +1,7 @@
 // A session whose driver failed on a commit (refused or failed before it was sent) is driven again
 // after a back-off, without a resume: a long-lived worker (`cairn serve`) never leaves it wedged.
-// Found by the nemesis (seed 20261203): a commit fault on a run's first `turn_prepared` left that run
-// at `session_created` for the rest of the worker's life while its other runs finished.
+// Without the re-drive, a commit fault on a run's first `turn_prepared` would leave that run at
+// `session_created` for the rest of the worker's life while its other runs finished.
 import { describe, it } from "node:test";
 import assert from "node:assert/strict";
 import { Harness } from "../../src/harness/harness.js";

@@ -1,5 +1,5 @@
 /**
- * Issue 10: random and adversarial patches and argv (fast-check, seeded; the seed is printed) through
+ * Random and adversarial patches and argv (fast-check, seeded; the seed is printed) through
  * admission, the executor and whole runs. Whatever comes in is admitted and runs, or is refused with a
  * bounded reason; admission never throws; a launch always settles; every run ends terminal or waits on
  * the model, never in a state `resume` cannot move.

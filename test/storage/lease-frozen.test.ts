@@ -1,7 +1,7 @@
 /**
  * The sqlite owner-lease file and processes frozen (SIGSTOP) while they hold its locks
- * (storage-adapters/sqlite/lease.ts; a fresh-clone CI run once saw a standby unable to read the
- * lease for 90 s behind such an owner). A real child process takes the lock with BEGIN EXCLUSIVE and
+ * (storage-adapters/sqlite/lease.ts): without care, a standby cannot even read the lease behind such
+ * an owner. A real child process takes the lock with BEGIN EXCLUSIVE and
  * is frozen until every thread of it is stopped. Then: the lease stays readable (WAL); a standby does
  * not ask for the lock while the holder's lease is live; a write refused as busy ends the lock's
  * holder only when it is stopped and its own row has expired (or, with no row, it was seen stopped
@@ -133,7 +133,7 @@ describe("sqlite owner-lease file: a process frozen while it holds the file's wr
  * Script prelude for a child: `s` (the adapter's storage on `dataDir`), `info` (its OwnerInfo), `Db`
  * (better-sqlite3). Each child keeps its raw connection in `globalThis.keep`: a connection nothing
  * references is closed by the garbage collector, which ends its transaction and releases its lock
- * (a CI run lost a running lock holder that way).
+ * (the child would stop being the lock holder the test means it to be).
  */
 const prelude = (dataDir: string, ttl = TTL) => `
   const { createSqliteStorage } = await import("./storage-adapters/sqlite/index.ts");
@@ -226,12 +226,12 @@ describe("sqlite owner-lease file: stopped processes in closes, old files, renew
     await held.release();
   });
 
-  it("a rollback-journal lease file of the previous version, its holder frozen inside a renewal's commit: the standby ends it and takes the lease (otherwise it could neither read nor acquire, forever)", { timeout: 30_000 }, async () => {
+  it("a rollback-journal lease file (as older versions made it), its holder frozen inside a renewal's commit: the standby ends it and takes the lease (otherwise it could neither read nor acquire, forever)", { timeout: 30_000 }, async () => {
     const dataDir = join(t.dir, "rollback");
     mkdirSync(join(dataDir, "leases"), { recursive: true });
     const file = join(dataDir, "leases", "w.lease");
-    // What the previous version (4d39b9a) did: same schema, no journal_mode pragma (rollback journal),
-    // synchronous OFF; the renewal's commit holds the EXCLUSIVE lock.
+    // A lease file as older versions wrote it: same schema, no journal_mode pragma (rollback
+    // journal), synchronous OFF; the renewal's commit holds the EXCLUSIVE lock.
     const old = nodeKid(`${prelude(dataDir)}
       const c = new Db(${JSON.stringify(file)}); globalThis.keep = c;
       c.pragma("busy_timeout = 5000");
