@@ -214,9 +214,12 @@ describe("timers", () => {
       // The timer command is a real process (tsx start-up can take seconds on a loaded machine): a
       // generous guard, since revision 2 needs the command to have finished (registration first).
       for (let i = 0; i < 2400 && h.session(s)!.state.revision < 2; i++) await new Promise((r) => setTimeout(r, 25));
-      assert.equal(h.session(s)!.timers.get("later")?.fired, false);
+      const later = h.session(s)!.timers.get("later");
+      assert.equal(later?.fired, false);
       await h.close();
-      await new Promise((r) => setTimeout(r, 4500)); // the timer falls due while nobody owns the run
+      // The timer falls due while nobody owns the run: wait past its due time (the registration may
+      // have come seconds after `--in 4s` was asked, on a loaded machine), not a fixed 4.5 s.
+      await new Promise((r) => setTimeout(r, Math.max(0, Date.parse(later!.due_at) - Date.now()) + 250));
       h = await Harness.open({ storage: createSqliteStorage({ dataDir: t.dir }), name: "t", model, workDir: t.dir, limits: fast });
       try {
         await h.resume();
