@@ -20,7 +20,7 @@ import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { Etcd3 } from "etcd3";
 import { event, type NewEvent } from "../src/state/events.js";
-import { startDevCluster } from "../storage-adapters/replicated/devcluster.js";
+import { startDevCluster } from "../src/cli/devcluster/index.js";
 import { createReplicatedStorage, type ReplicatedStats } from "../storage-adapters/replicated/index.js";
 import { encodeBatch, chainHash, GENESIS_HASH } from "../storage-adapters/replicated/layout.js";
 import { put, valueIs } from "../storage-adapters/replicated/ops.js";

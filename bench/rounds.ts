@@ -59,7 +59,7 @@ import { encodeSnapshot } from "../src/state/snapshot.js";
 import type { Database, Storage } from "../src/storage/contract.js";
 import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
-import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
+import { startDevCluster, type DevCluster } from "../src/cli/devcluster/index.js";
 import { clientOptions, closeEtcdClient, memberClient } from "../storage-adapters/replicated/client.js";
 import { put, valueIs } from "../storage-adapters/replicated/ops.js";
 import { tagBatches } from "../chaos/support/tagging.js";
@@ -338,15 +338,14 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
   console.log(`\n${backend.name}: ${rounds} rounds per session, one \`true\` cell per round; floor = 3 raw durable commits + spawn of \`true\`${floorLaunch.length > 1 ? " in a bare bubblewrap sandbox (cells run sandboxed too)" : " (no sandbox here: cells run without one too)"}`);
   // The measured runs are sessions of one owner (one Harness on one database, as a worker holds its
   // database for hours or days) that has run unmeasured sessions first: its cell launcher started,
-  // V8's hot code compiled. Until December 5 (twelfth session) each measured row opened a Harness of
-  // its own after a warm-up run in another one; V8 then recompiled much of the round's code for the
-  // new instance through the measured rounds (TurboFan code specialized on the previous instance's
-  // objects is dropped with them: "weak objects" deoptimizations): about 2 to 3 ms more CPU per round
-  // with one replicated session. That transient is printed apart, below the table (`after open`).
+  // V8's hot code compiled. A row that opened a Harness of its own after a warm-up run in another one
+  // would measure V8 recompiling much of the round's code for the new instance (TurboFan code
+  // specialized on the previous instance's objects is dropped with them: "weak objects"
+  // deoptimizations): about 2 to 3 ms more CPU per round with one replicated session. That transient
+  // is printed apart, below the table (`after open`).
   // The warm-up: one session (CAIRN_BENCH_WARMUP rounds, default 3000), then 8 sessions, then the
-  // floor's own loop. A short warm-up leaves V8 compiling through the measured runs: 20 rounds (this
-  // bench's until December 4) cost about 1.5 ms of CPU per round more with one sqlite session, 2 to 4
-  // ms on replicated; after 300, V8's --trace-opt still counted 183 TurboFan compilations taking 1.4 s
+  // floor's own loop. A short warm-up leaves V8 compiling through the measured runs: after 20 rounds,
+  // about 1.5 ms of CPU per round more with one sqlite session, 2 to 4 ms on replicated; after 300, V8's --trace-opt still counted 183 TurboFan compilations taking 1.4 s
   // in the next 300 rounds. In one replicated session of one owner, TurboFan's compile time per 500
   // rounds was 2.36 s, 0.66, 0.90, 0.31, 0.25, 0.42, 0.16, 0.09 (4,000 rounds, --trace-opt): it
   // falls under 1 ms per round only after about 3,000 rounds.
@@ -373,8 +372,8 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
         `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.writesPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)} ${fmt(h.gcMsPerRound).padStart(26)}`,
       );
       if (sessions === 1) {
-        // The repeats follow at once, back to back, before the rows of more sessions (until December
-        // 7 they followed the last row): one sample of one condition. The first runs of a series
+        // The repeats follow at once, back to back, before the rows of more sessions: one sample of
+        // one condition. The first runs of a series
         // tend to be higher than the later ones, in either order (in two runs of ten, after the last
         // row: 6.56, 6.17, 5.68, 5.17, then 4.7 to 5.0; back to back: 7.25, 6.70, 7.82, 6.66, then
         // 4.9 to 6.0); not explained.
@@ -404,7 +403,7 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
     await owner.close();
   }
   // The same process, warm, with a Harness opened just before: what a run pays right after its owner
-  // opened the database (JIT recompilation for the new instance), as every row measured until December 5.
+  // opened the database (JIT recompilation for the new instance).
   const fresh = await openOwner(backend, dir, "after-open");
   try {
     const h = await fresh.run(1, rounds);

@@ -43,9 +43,9 @@ import { startFakeOpenAI, type FakeOpenAI } from "./support/fake-openai.js";
 import { exitAfterTests } from "../test/support/exit.js";
 
 // Once the tests are done, the process is ended if it has not ended by itself (exitAfterTests, at the
-// end of this file): a fresh clone once saw this file's process never exit. Until December 6 every
-// run ended through that backstop, held by this file's own "still running" deadline timers (now
-// unref'd, see `raceDeadline`); it has ended by itself since.
+// end of this file), so that a handle left open (a container client's connection) never keeps it
+// running until the runner's file timeout. The file's own "still running" deadline timers are
+// unref'd (see `raceDeadline`), so they never hold it open.
 
 process.env.TESTCONTAINERS_RYUK_DISABLED = "true";
 

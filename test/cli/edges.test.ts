@@ -1,5 +1,5 @@
 /**
- * Review: `cairn` inputs at their edges, and SIGTERM on a running `cairn run`.
+ * `cairn` inputs at their edges, and SIGTERM on a running `cairn run`.
  */
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
@@ -13,7 +13,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 let t: { dir: string; cleanup(): void };
 before(() => {
-  t = tempDir("cairn-review-cli-");
+  t = tempDir("cairn-cli-edges-");
 });
 after(() => t.cleanup());
 
@@ -32,7 +32,7 @@ function oneSentence(stderr: string): void {
   assert.equal(stderr.trim().split("\n").length, 1, `one line on stderr, got:\n${stderr}`);
 }
 
-describe("review: cairn inputs", () => {
+describe("cairn inputs", () => {
   it("--max-wall 0 is bad usage (exit 2, one sentence), like --max-rounds 0", async () => {
     const model = script(join(t.dir, "m0.json"), [add(0, [{ kind: "note", text: "x" }])]);
     const r = await cairn(["run", "g", "--db", "w0", "--data-dir", join(t.dir, "d0"), "--model", model, "--max-wall", "0"]);
@@ -56,7 +56,7 @@ describe("review: cairn inputs", () => {
   });
 });
 
-describe("review: SIGTERM on cairn run (confirmed good)", () => {
+describe("SIGTERM on cairn run", () => {
   it("exits 143, stops the running cell's group, and resume records it as UnknownExecution without re-running it", async () => {
     const data = join(t.dir, "dterm");
     const pidFile = join(t.dir, "cell.pid");

@@ -8,7 +8,7 @@ import { after, before, describe, it } from "node:test";
 import type { Storage } from "../../src/storage/contract.js";
 import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import { grantDatabaseAccess } from "../../storage-adapters/replicated/roles.js";
-import type { DevCluster } from "../../storage-adapters/replicated/devcluster.js";
+import type { DevCluster } from "../../src/cli/devcluster/index.js";
 import { Etcd3 } from "etcd3";
 import { classifyEtcdError } from "../../storage-adapters/replicated/etcd-errors.js";
 import { keepAliveOnce } from "../../storage-adapters/replicated/client.js";

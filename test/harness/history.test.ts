@@ -1,6 +1,6 @@
 /**
- * Review of bounded history (src/state/history.ts) through a real Harness on memory storage, with the
- * real HISTORY_KEEP: runs long enough that every kind of history is dropped, then what a caller or a
+ * Bounded history (src/state/history.ts) through a real Harness on memory storage, with the real
+ * HISTORY_KEEP: runs long enough that every kind of history is dropped, then what a caller or a
  * cell does with what was dropped. Each run is model rounds and commits only (note cells, cancelled
  * cells, timers), so thousands of rounds take seconds; the one cell that runs is a shell loop.
  */
@@ -24,7 +24,7 @@ const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200, maxIdle: 1_0
 
 /** A model that answers every round with `decide(state)`, records what it answered, and can be made to fail. */
 class FnModel implements Model {
-  readonly name = "review";
+  readonly name = "fn";
   readonly patches = new Map<string, unknown>();
   calls = 0;
   failing: ModelError | null = null;
@@ -89,10 +89,9 @@ function socketOf(workDir: string, name: string): string {
 }
 
 describe("bounded history through a real harness", { timeout: 180_000 }, () => {
-  // Found by this review: Harness.submit of an accepted round answered from s.turns and s.cells,
-  // which history.ts cut independently (a kept round whose new cells went threw "admission context
-  // is inconsistent"; a dropped round said "has not been accepted"). Fixed on main (1d5d06e): a turn
-  // goes with its cells, and an older round is refused saying why.
+  // Harness.submit answers a replay from s.turns and s.cells: a kept turn must keep its cells (else
+  // "admission context is inconsistent"), and a dropped round must be refused as older than the kept
+  // history, not as a round that was never accepted.
   it("Harness.submit after a long run: a kept accepted round replays, an older one is refused saying it is older than the kept history", async (tc) => {
     const t = tempDir("cairn-hr-");
     const rounds = 2 * HISTORY_KEEP + 150;
@@ -136,7 +135,7 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
     const held = new Promise<void>((r) => (release = r));
     const model = notesModel(rounds);
     const holding: Model = {
-      name: "review-hold",
+      name: "hold",
       async step(req) {
         if (req.state.runtime.usage.rounds >= rounds) {
           reached();
@@ -166,9 +165,9 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
     assert.equal((await h.wait(s)).reason, "the model concluded failure: enough");
   });
 
-  // BUG: registerTimer answers "the timer already registered" from s.timers; once the fired timer
-  // was dropped from history it commits timer_registered again, which the storage refuses (its
-  // identity is in the log), and the cell's `cairn timer` fails instead of getting the answer.
+  // registerTimer answers "the timer already registered" from s.timers: were a fired timer dropped
+  // from history, it would commit timer_registered again, which the storage refuses (its identity is
+  // in the log), and the cell's `cairn timer` would fail instead of getting the answer.
   it("a cell that registers a timer id again after thousands of timers fired gets the registered timer, not an error", async (tc) => {
     const t = tempDir("cairn-hr-");
     // Round 1 starts a cell that waits (so no later patch is idle); each round after adds a note.
@@ -204,13 +203,12 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
     assert.deepEqual(again, { ok: true, timer_id: "t-0", due_at: first.due_at }, "a repeated registration answers with the timer already registered");
   });
 
-  // Was a BUG (latent, needs a contrived run): SessionDriver.recarry decides whether carried events were
-  // committed by looking their execution up in the projection. The commit that carries a finished
-  // cell also prepares the next round, and that fold may drop the cell from history at once (out of
-  // context, succeeded, older in queue order than the 1,000 finished executions kept). If the round
-  // then fails (the model's key is refused: RunBlocked), the already committed events are carried
-  // again, and after `resume` every pass re-commits them, is refused as a duplicate, and retries:
-  // the run never calls the model again.
+  // SessionDriver.recarry decides whether carried events were committed. The commit that carries a
+  // finished cell also prepares the next round, and that fold may drop the cell from history at once
+  // (out of context, succeeded, older in queue order than the 1,000 finished executions kept). If the
+  // round then fails (the model's key is refused: RunBlocked) and recarry looked the execution up in
+  // the projection, the committed events would be carried again, and after `resume` every pass would
+  // re-commit them, be refused as a duplicate, and retry: the run would never call the model again.
   it("a run whose model is blocked right after a long-queued cell finished continues after resume", async (tc) => {
     const t = tempDir("cairn-hr-");
     const go = join(t.dir, "go");
