@@ -5,7 +5,7 @@
  * cells, timers), so thousands of rounds take seconds; the one cell that runs is a shell loop.
  */
 import assert from "node:assert/strict";
-import { existsSync, readdirSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { connect } from "node:net";
 import { join } from "node:path";
 import { describe, it } from "node:test";
@@ -81,12 +81,6 @@ function timerRequest(socket: string, req: Record<string, unknown>): Promise<{ o
   });
 }
 
-function socketOf(workDir: string, name: string): string {
-  const dir = join(workDir, "sockets");
-  const f = readdirSync(dir).find((x) => x.startsWith(`${name}-${process.pid}-`) && x.endsWith(".sock"));
-  assert.ok(f !== undefined, `no timer socket for ${name} in ${dir}`);
-  return join(dir, f);
-}
 
 describe("bounded history through a real harness", { timeout: 180_000 }, () => {
   // Harness.submit answers a replay from s.turns and s.cells: a kept turn must keep its cells (else
@@ -172,14 +166,16 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
     const t = tempDir("cairn-hr-");
     // Round 1 starts a cell that waits (so no later patch is idle); each round after adds a note.
     const go = join(t.dir, "go");
+    const cellSocket = join(t.dir, "cell-socket");
     const model = new FnModel((state) => {
       const ops: unknown[] = [{ op: "test", path: "/revision", value: state.revision }];
       const next = state.runtime.next_cell_id;
-      if (state.revision === 0) ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "cmd", argv: ["sh", "-c", `while [ ! -e '${go}' ]; do sleep 0.1; done`] } });
+      if (state.revision === 0) ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "cmd", argv: ["sh", "-c", `echo "$CAIRN_TIMER_SOCKET $CAIRN_CELL_TOKEN" > '${cellSocket}'; while [ ! -e '${go}' ]; do sleep 0.1; done`] } });
       else ops.push(...removals(state, (id) => id === 1), { op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "note", text: "timers fired" } });
       return ops;
     });
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "hr-timer", model, workDir: t.dir, limits: fast, snapshots: false });
+    // Without a sandbox: the test speaks for the waiting cell, with its token, on the socket's host path.
+    const h = await Harness.open({ storage: createMemoryStorage(), name: "hr-timer", model, workDir: t.dir, limits: fast, snapshots: false, sandbox: { mode: "none" } });
     tc.after(async () => {
       writeFileSync(go, ""); // the waiting cell ends
       await h.close();
@@ -187,19 +183,20 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
     });
     const s = await h.start({ goal: "many timers", cwd: t.dir });
     await until("the waiting cell to start", () => h.session(s)!.executions.get(1)?.phase === "started", 60_000, 20);
-    const socket = socketOf(t.dir, "hr-timer");
+    await until("the cell to say where its socket is", () => existsSync(cellSocket) && readFileSync(cellSocket, "utf8").includes("\n"), 60_000, 20);
+    const [socket, token] = readFileSync(cellSocket, "utf8").trim().split(" ") as [string, string];
     const timers = 2 * HISTORY_KEEP + 50;
-    const first = await timerRequest(socket, { session: s, cell: 1, timer_id: "t-0", delay_seconds: 0 });
+    const first = await timerRequest(socket, { token, timer_id: "t-0", delay_seconds: 0 });
     assert.ok(first.ok, `the first registration: ${JSON.stringify(first)}`);
     for (let i = 1; i < timers; i += 50) {
-      await Promise.all(Array.from({ length: Math.min(50, timers - i) }, (_, k) => timerRequest(socket, { session: s, cell: 1, timer_id: `t-${i + k}`, delay_seconds: 0 })));
+      await Promise.all(Array.from({ length: Math.min(50, timers - i) }, (_, k) => timerRequest(socket, { token, timer_id: `t-${i + k}`, delay_seconds: 0 })));
     }
     await until("every timer to fire and later rounds to drop other history", () => {
       const p = h.session(s)!;
       return p.pending.length === 0 && p.open_turn === null && [...p.timers.values()].every((x) => x.fired) && p.observations.size < timers;
     }, 60_000, 50);
     assert.ok(h.session(s)!.timers.has("t-0"), "fired timers stay in the projection (history.ts)");
-    const again = await timerRequest(socket, { session: s, cell: 1, timer_id: "t-0", delay_seconds: 0 });
+    const again = await timerRequest(socket, { token, timer_id: "t-0", delay_seconds: 0 });
     assert.deepEqual(again, { ok: true, timer_id: "t-0", due_at: first.due_at }, "a repeated registration answers with the timer already registered");
   });
 

@@ -101,7 +101,8 @@ describe("close and launch", () => {
     const pidFile = join(t.dir, "pid");
     // The cell ignores SIGTERM, so stopping it takes the executor's grace period before SIGKILL.
     const model = scripted([adds(0, 1, [cmd("sh", "-c", `trap '' TERM; echo $$ > ${pidFile}; sleep 30`)])]);
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast });
+    // Without a sandbox, so that the pid the cell writes is this host's.
+    const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast, sandbox: { mode: "none" } });
     let first: Promise<void> | null = null;
     try {
       await h.start({ goal: "g", cwd: t.dir });
@@ -213,7 +214,8 @@ describe("the timer socket", () => {
   it("close() does not hang when a client holds the timer socket open without sending a request", async () => {
     const t = tempDir();
     const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET"')]), adds(1, 2, [note("saw it")]), adds(2, 3, [conclude("failure", "end")])]);
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast });
+    // Without a sandbox: the test connects to the socket's host path.
+    const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast, sandbox: { mode: "none" } });
     let client: Socket | null = null;
     try {
       const s = await h.start({ goal: "g", cwd: t.dir });

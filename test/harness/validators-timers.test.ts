@@ -117,17 +117,18 @@ describe("the storage mailbox after a full inbox drains", () => {
 describe("timers", () => {
   it("two concurrent registrations of the same timer id both succeed and register it once", async () => {
     const t = tempDir();
-    const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET"; sleep 5')]), adds(1, 2, [conclude("failure", "end")])]);
-    await withHarness({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast }, async (h) => {
+    const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET $CAIRN_CELL_TOKEN"; sleep 5')]), adds(1, 2, [conclude("failure", "end")])]);
+    // Without a sandbox: this test speaks for the cell from outside, so it needs the socket's host path.
+    await withHarness({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast, sandbox: { mode: "none" } }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir });
       await until("the socket path", () => (h.session(s)?.executions.get(1)?.output_tail ?? "").includes("\n"));
-      const path = h.session(s)!.executions.get(1)!.output_tail.trim();
+      const [path, token] = h.session(s)!.executions.get(1)!.output_tail.trim().split(" ") as [string, string];
       const ask = () =>
         new Promise<{ ok: boolean; error?: string }>((resolve, reject) => {
           const c = connect(path);
           let buf = "";
           c.setEncoding("utf8");
-          c.on("connect", () => c.write(JSON.stringify({ session: s, cell: 1, timer_id: "wake:1", delay_seconds: 3600 }) + "\n"));
+          c.on("connect", () => c.write(JSON.stringify({ token, timer_id: "wake:1", delay_seconds: 3600 }) + "\n"));
           c.on("data", (d: string) => (buf += d));
           c.on("end", () => resolve(JSON.parse(buf) as { ok: boolean; error?: string }));
           c.on("error", reject);
@@ -144,16 +145,17 @@ describe("timers", () => {
 
   it("a timer id with odd characters and a 10-year delay is registered, shown, and does not fire early", async () => {
     const t = tempDir();
-    const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET"; sleep 1')]), adds(1, 2, [note("waiting")]), adds(2, 3, [conclude("failure", "end")])]);
-    await withHarness({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast }, async (h) => {
+    const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET $CAIRN_CELL_TOKEN"; sleep 3')]), adds(1, 2, [note("waiting")]), adds(2, 3, [conclude("failure", "end")])]);
+    // Without a sandbox: this test speaks for the cell from outside, so it needs the socket's host path.
+    await withHarness({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast, sandbox: { mode: "none" } }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir });
       await until("the socket path", () => (h.session(s)?.executions.get(1)?.output_tail ?? "").includes("\n"));
-      const path = h.session(s)!.executions.get(1)!.output_tail.trim();
+      const [path, token] = h.session(s)!.executions.get(1)!.output_tail.trim().split(" ") as [string, string];
       const reply = await new Promise<{ ok: boolean; due_at?: string }>((resolve, reject) => {
         const c = connect(path);
         let buf = "";
         c.setEncoding("utf8");
-        c.on("connect", () => c.write(JSON.stringify({ session: s, timer_id: "a.b_c:d-e", delay_seconds: 10 * 365 * 86400 }) + "\n"));
+        c.on("connect", () => c.write(JSON.stringify({ token, timer_id: "a.b_c:d-e", delay_seconds: 10 * 365 * 86400 }) + "\n"));
         c.on("data", (d: string) => (buf += d));
         c.on("end", () => resolve(JSON.parse(buf) as { ok: boolean }));
         c.on("error", reject);
