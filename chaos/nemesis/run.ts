@@ -623,6 +623,7 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
       `  faults by kind: ${Object.entries(st.faults).sort().map(([k, v]) => `${k} ${v}`).join(", ")}`,
       `  commits: ${st.commits.acknowledged} acknowledged, ${st.commits.refused} refused, ${st.commits.uncertain} uncertain; opens ${st.opens}, fences seen ${st.fences}`,
       `  runs: ${st.runs.success} success, ${st.runs.failure} failure, ${st.runs.unfinished} unfinished; effect lines ${st.effectLines}; posts ${Object.entries(st.posts).map(([k, v]) => `${k} ${v}`).join(", ")}`,
+      `  effect ledger answers: ${Object.entries(st.ledger).sort().map(([k, v]) => `${k} ${v}`).join(", ") || "none"}`,
       `  worker exits: ${Object.entries(st.exits).sort().map(([k, v]) => `${k}: ${v}`).join(", ")}`,
       `  recovery after a killed worker (kill → next open): p50 ${percentile(recoveryMs, 50)} ms, p90 ${percentile(recoveryMs, 90)} ms, max ${percentile(recoveryMs, 100)} ms (n=${recoveryMs.length})`,
     ].join("\n");
