@@ -30,6 +30,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { LogEvent } from "../../src/state/events.js";
 import type { State } from "../../src/state/schema.js";
+import { KEEPER_BUNDLE } from "../../src/exec/keeper.js";
 import { createReplicatedStorage } from "../../storage-adapters/replicated/index.js";
 import { devCluster } from "../../test/replicated/helpers.js";
 import { cleanupProcesses, type CliResult, describe as said, REPO, runCairn, startCairn } from "./cli.js";
@@ -98,12 +99,18 @@ function decide(state: State): unknown[] {
   return ops;
 }
 
-/** Bundles src/cli/entry.ts (the cells' `cairn` is the same bundle): a process starts in a fraction of the time tsx takes. */
+/**
+ * Bundles src/cli/entry.ts (the cells' `cairn` is the same bundle), and the cell keeper's program
+ * beside it where the bundle looks for it: a process starts in a fraction of the time tsx takes.
+ */
 async function bundleCli(): Promise<string> {
   const esbuild = await import("esbuild");
   // Three levels below the repository, where the bundle finds build/cairn-launcher.
-  const out = join(REPO, "node_modules", ".cache", `cairn-effect-kill-${process.pid}`, "cairn.mjs");
-  await esbuild.build({ bundle: true, platform: "node", format: "esm", target: "node20", packages: "external", logLevel: "error", entryPoints: [join(REPO, "src/cli/entry.ts")], outfile: out });
+  const dir = join(REPO, "node_modules", ".cache", `cairn-effect-kill-${process.pid}`);
+  const common = { bundle: true, platform: "node", format: "esm", target: "node20", packages: "external", logLevel: "error" } as const;
+  const out = join(dir, "cairn.mjs");
+  await esbuild.build({ ...common, entryPoints: [join(REPO, "src/cli/entry.ts")], outfile: out });
+  await esbuild.build({ ...common, entryPoints: [join(REPO, "src/exec/keeper-main.ts")], outfile: join(dir, KEEPER_BUNDLE) });
   return out;
 }
 
