@@ -148,6 +148,24 @@ describe("nemesis checker", () => {
     caught(run(h, log, effects, { ackedCommits: 1, successfulRuns: 2 }), "floor");
   });
 
+  it("a schedule where no cell wrote an effect line fails the floor: its effect checks proved nothing", () => {
+    const { h, log } = clean();
+    const v = run(h, log, []);
+    caught(v, "floor");
+    assert.match(v.anomalies.find((a) => a.check === "floor")!.message, /only 0 effects were made/);
+    // Ticks and ledger answers are not effects made.
+    caught(run(h, log, [`tick s1 1 1 ${at()}`, `ledger s1 1 1 ${at()} e1 refused-1`]), "floor");
+  });
+
+  it("a schedule where the ledger never answered proceed fails the floor that asks for one: its ledger checks proved nothing", () => {
+    const { h, log, effects } = clean();
+    const refused = [...effects, `ledger s1 2 2 ${at()} e2 refused-1`];
+    assert.deepEqual(run(h, log, refused).anomalies, [], "no floor on proceeds unless asked");
+    const v = run(h, log, refused, { ...FLOOR, proceeds: 1 });
+    caught(v, "floor");
+    assert.match(v.anomalies.find((a) => a.check === "floor")!.message, /answered proceed 0 times/);
+  });
+
   it("a final log that was not read", () => {
     const { h, effects } = clean();
     const v = check({ history: h, finals: new Map(), effects: new Map([[DB, effects]]), floor: FLOOR });

@@ -23,7 +23,9 @@
  *   (a commit that landed after a newer epoch was claimed); phantom-event: an event no worker sent;
  * - run-not-ended: a run without exactly one `run_ended`; submitted-run-missing: a submitted request
  *   without its run;
- * - floor: too little acknowledged work (a schedule where everything failed proves nothing).
+ * - floor: too little acknowledged work, or no effect made and no `proceed` answered by the ledger (a
+ *   schedule where everything failed, where no cell could start, or where no cell reached the ledger,
+ *   proves nothing).
  *
  * Timestamps compared (effect lines against acknowledgements) come from one machine's clock, and each
  * is taken on the safe side: a cell stamps its line before writing it, a worker records an
@@ -43,6 +45,10 @@ export interface FinalEvent {
 export interface Floor {
   readonly ackedCommits: number;
   readonly successfulRuns: number;
+  /** Effects the cells must have made (1 unless told): none means no cell ran, and every effect check held vacuously. */
+  readonly effectLines?: number;
+  /** `proceed`s the ledger must have answered the cells (0 unless told): none means the ledger checks held vacuously. */
+  readonly proceeds?: number;
 }
 
 export interface Anomaly {
@@ -64,6 +70,8 @@ export interface Verdict {
     readonly faults: Record<string, number>;
     readonly posts: Record<string, number>;
     readonly effectLines: number;
+    /** Effect lines that are neither ticks nor ledger answers: effects the cells made. */
+    readonly effectsMade: number;
     /** What `cairn effect begin` answered the cells, by first word (refusals as `refused-<exit code>`; `found` when a cell found an uncertain effect done). */
     readonly ledger: Record<string, number>;
   };
@@ -127,6 +135,7 @@ export function check(input: CheckInput): Verdict {
   }
 
   let effectLines = 0;
+  let effectsMade = 0;
   const ledger: Record<string, number> = {};
   const runs = { success: 0, failure: 0, unfinished: 0 };
   for (const db of [...dbs].sort()) {
@@ -208,6 +217,7 @@ export function check(input: CheckInput): Verdict {
       }
       const p = { session: m[1]!, cell: Number(m[2]), epoch: Number(m[3]), ms: Number(m[4]), text, ...(m[5] !== undefined ? { effect: m[5] } : {}) };
       parsed.push(p);
+      effectsMade++;
       const k = `${p.session} ${p.cell}`;
       perCell.set(k, [...(perCell.get(k) ?? []), text]);
     }
@@ -294,7 +304,13 @@ export function check(input: CheckInput): Verdict {
   if (commits.acknowledged < floor.ackedCommits) add({ check: "floor", db: "*", message: `only ${commits.acknowledged} commits were acknowledged (the floor is ${floor.ackedCommits})`, excerpt: [`commits: ${JSON.stringify(commits)}`] });
   if (runs.success < floor.successfulRuns) add({ check: "floor", db: "*", message: `only ${runs.success} runs ended in success (the floor is ${floor.successfulRuns})`, excerpt: [`runs: ${JSON.stringify(runs)}`] });
 
-  return { anomalies, stats: { commits, runs, opens, fences, exits, faults, posts, effectLines, ledger } };
+  const lineFloor = floor.effectLines ?? 1;
+  if (effectsMade < lineFloor) add({ check: "floor", db: "*", message: `only ${effectsMade} effects were made (${effectLines} lines in the effect files; the floor is ${lineFloor}): the cells did not run, so the effect checks proved nothing (see the execution_finished details in the final logs)`, excerpt: [`runs: ${JSON.stringify(runs)}`] });
+  // A cell whose `cairn effect` failed still writes its ledger line (refused-N) and no effect.
+  const proceeds = ledger.proceed ?? 0;
+  if (proceeds < (floor.proceeds ?? 0)) add({ check: "floor", db: "*", message: `the ledger answered proceed ${proceeds} times (the floor is ${floor.proceeds}): the cells did not reach the ledger, so the ledger checks proved nothing`, excerpt: [`ledger answers: ${JSON.stringify(ledger)}`] });
+
+  return { anomalies, stats: { commits, runs, opens, fences, exits, faults, posts, effectLines, effectsMade, ledger } };
 }
 
 /** The effect-ledger checks of one database (see the module comment). */
