@@ -1,7 +1,9 @@
 /**
  * The effect-ledger demo (examples/effects/demo.sh, `npm run demo:effects`) as a user runs it, with
  * the CLI from source: the worker is killed (kill -9) between the script's two effects, the run is
- * resumed and the script run again; the pull request is opened once, the message sent once.
+ * resumed and the script run again; the pull request is opened once, the message sent once. Where
+ * this machine can build the cell sandbox, the script ran inside it without network, so the
+ * `cairn_effects` module and the cell socket were reached from inside.
  */
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -9,6 +11,7 @@ import { mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
+import { probeSandbox } from "../../src/exec/sandbox.js";
 import { cairnIn, ENTRY, ROOT } from "./support.js";
 
 describe("the effect-ledger demo", () => {
@@ -45,8 +48,10 @@ describe("the effect-ledger demo", () => {
 
     const status = await cairnIn(["status", "--db", "effects", "--data-dir", join(work, ".cairn"), "--json"]);
     assert.equal(status.code, 0, status.stderr);
-    const s = (JSON.parse(status.stdout) as { sessions: { status: string; effects: { name: string; status: string; key: string; attempts: unknown[] }[] }[] }).sessions[0]!;
+    type Session = { status: string; cells_ran_in: { sandbox: string; network: string } | null; effects: { name: string; status: string; key: string; attempts: unknown[] }[] };
+    const s = (JSON.parse(status.stdout) as { sessions: Session[] }).sessions[0]!;
     assert.equal(s.status, "success");
+    if (probeSandbox().ok) assert.deepEqual(s.cells_ran_in, { sandbox: "bwrap", network: "off" }, "the script ran in the sandbox, without network");
     assert.deepEqual(s.effects.map((e) => [e.name, e.status, e.attempts.length]), [["open-pr", "done", 1], ["notify-team", "done", 1]]);
     assert.ok(api[1]!.includes(s.effects[0]!.key), "the API was given the run's key of open-pr");
   });
