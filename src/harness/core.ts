@@ -11,6 +11,7 @@ import type { Metrics } from "../observability/metrics.js";
 import type { HarnessLimits } from "./options.js";
 import type { HarnessWorld, TimerFunctions } from "./world.js";
 import { realTimers } from "./world.js";
+import { effectScope, launchKey } from "./effects.js";
 
 /**
  * Boundaries where a test can stop the world (DBOS's debugpoint idea): the chaos suite SIGKILLs the
@@ -20,7 +21,9 @@ export type HarnessFaultPoint =
   | "patch:committed" // a patch was accepted and committed; nothing dispatched yet
   | "execution:started-committed" // the launch is authorized and committed; the child has not run
   | "execution:exited" // the child exited; its result is not committed yet
-  | "model:response-committed"; // a complete model response is committed (with its verdict, when both fit one commit)
+  | "model:response-committed" // a complete model response is committed (with its verdict, when both fit one commit)
+  | "effect:begun-committed" // a cell's effect begin is committed; the cell has not been answered
+  | "effect:ended-committed"; // a cell's effect end is committed; the cell has not been answered
 export type HarnessFaults = (point: HarnessFaultPoint, detail: { session: string; cell?: number; turn?: string }) => void | Promise<void>;
 
 export interface HarnessCore {
@@ -93,6 +96,8 @@ export function createCore(
     scriptDir: (session) => owner.scriptDir(session),
     cellLaunch: (session, cell) => {
       const env: Record<string, string> = { CAIRN_DB: name, CAIRN_SESSION: session, CAIRN_CELL: String(cell) };
+      const s = owner.session(session);
+      if (s !== undefined) env.CAIRN_EFFECT_KEY = launchKey(effectScope(name, s), cell);
       const token = owner.issueToken(session, cell);
       if (token !== null) env.CAIRN_CELL_TOKEN = token;
       return { env, boundary: owner.boundary(session), ended: () => (token === null ? undefined : owner.revokeToken(token)) };

@@ -8,6 +8,7 @@
  * Pure: no I/O, no clock (`at` is supplied by the caller).
  */
 import { z } from "zod";
+import { EffectName } from "./effects.js";
 import { Cell, CellId, ConclusionResult, ExecutionResult, JsonValue, Observation, UnknownExecution } from "./schema.js";
 
 const TurnId = z.string().min(1).max(200);
@@ -35,6 +36,11 @@ export const EventBodies = {
     budgets: Budgets,
     /** The run asked for the host's network in its cells (`--cell-network host`); absent: none. */
     cell_network: z.literal("host").optional(),
+    /**
+     * 128 random bits (hex) drawn when the run is created: the effect keys of the run and of its
+     * forks derive from it (src/harness/effects.ts). Absent in logs older than the effect ledger.
+     */
+    effect_seed: z.string().regex(/^[0-9a-f]{32}$/).optional(),
   }),
   /** An observation entered the session's inbox (from an execution, a timer, a control note or outside). */
   inbox_received: z.strictObject({ observation: Observation }),
@@ -147,6 +153,22 @@ export const EventBodies = {
     timer_id: z.string().min(1).max(200),
     due_at: z.string(),
     late_ms: z.number().nonnegative(),
+  }),
+  /**
+   * A cell is about to perform effect `name` (`cairn effect begin`): committed before the cell is
+   * answered `proceed`. `attempt` counts the begins of the name in the run (a retry of an uncertain
+   * effect is attempt 2, ...).
+   */
+  effect_begun: z.strictObject({
+    name: EffectName,
+    cell_id: CellId,
+    attempt: z.number().int().positive(),
+  }),
+  /** A cell recorded what effect `name` came to (`cairn effect end`): final; a later begin answers `done`. */
+  effect_ended: z.strictObject({
+    name: EffectName,
+    cell_id: CellId,
+    result: JsonValue,
   }),
   /** A role note (cancel, resolution, conclusion) was acted on. */
   control_handled: z.strictObject({
@@ -267,6 +289,8 @@ export const identity = {
   owner: (s: string, epoch: number) => `owner:${s}:${epoch}`,
   blocked: (turn: string, attempt: number) => `blocked:${turn}:${attempt}`,
   postRefused: (s: string, mseq: number) => `post_refused:${s}:${mseq}`,
+  effectBegun: (s: string, name: string, attempt: number) => `effect:${s}:${name}:${attempt}`,
+  effectEnded: (s: string, name: string) => `effect_end:${s}:${name}`,
 } as const;
 
 /** The turn id of round `n` of session `s`. */

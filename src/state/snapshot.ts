@@ -55,6 +55,15 @@ const Execution = z.strictObject({
   unknown: UnknownExecution.nullable(),
   resolved_by: CellId.nullable(),
   finished_seq: Seq.nullable(),
+  // Optional: snapshots written before the effect ledger lack them (restored as none).
+  effects: z.array(z.strictObject({ name: z.string(), status: z.enum(["begun", "done"]), result: JsonValue.optional() })).optional(),
+  effects_omitted: z.number().int().nonnegative().optional(),
+});
+
+const EffectEntry = z.strictObject({
+  name: z.string(),
+  attempts: z.array(z.strictObject({ attempt: z.number().int().positive(), cell_id: CellId, seq: Seq, at: z.string() })),
+  ended: z.strictObject({ cell_id: CellId, seq: Seq, at: z.string(), result: JsonValue }).nullable(),
 });
 
 const Turn = z.strictObject({
@@ -112,6 +121,9 @@ const Session = z.strictObject({
   terminal: z.strictObject({ result: z.enum(["success", "failure"]), reason: z.string(), at: z.string() }).nullable(),
   blocked: z.strictObject({ cause: z.enum(["auth", "config", "retry_budget"]), reason: z.string(), at: z.string(), turn: z.string() }).nullable(),
   refused_posts: z.array(z.strictObject({ id: z.string(), kind: z.string(), code: z.string(), reason: z.string(), at: z.string() })),
+  // Optional: snapshots written before the effect ledger lack them (restored as an empty ledger).
+  effect_seed: z.string().nullable().optional(),
+  effects: entries(z.string(), EffectEntry).optional(),
   last_seq: Seq,
 });
 
@@ -161,6 +173,8 @@ export function encodeSnapshot(projection: Projection): string {
       terminal: s.terminal,
       blocked: s.blocked,
       refused_posts: s.refused_posts,
+      effect_seed: s.effect_seed,
+      effects: [...s.effects],
       last_seq: s.last_seq,
     };
   });
@@ -193,6 +207,8 @@ function structureProblem(parsed: unknown): string | null {
       if (!Array.isArray(v) || !v.every((e) => Array.isArray(e) && e.length === 2)) return `sessions.${i}.${f}: not an array of [key, value] entries`;
     }
     for (const f of SESSION_ARRAY_FIELDS) if (!Array.isArray(s[f])) return `sessions.${i}.${f}: not an array`;
+    const effects = s["effects"];
+    if (effects !== undefined && (!Array.isArray(effects) || !effects.every((e) => Array.isArray(e) && e.length === 2))) return `sessions.${i}.effects: not an array of [key, value] entries`;
   }
   return null;
 }
@@ -223,7 +239,9 @@ export function restoreSnapshot(text: string, expectedHead: number, options: { v
     sessions.set(s.id, {
       ...s,
       cells: new Map(s.cells),
-      executions: new Map(s.executions),
+      executions: new Map(s.executions.map(([id, ex]) => [id, ex.effects === undefined ? { ...ex, effects: [], effects_omitted: 0 } : ex])),
+      effect_seed: s.effect_seed ?? null,
+      effects: new Map(s.effects ?? []),
       observations: new Map(s.observations),
       consumed: new Set(s.consumed),
       turns: new Map(s.turns),

@@ -139,6 +139,8 @@ function projectionOf(spec: Spec): { s: SessionProjection; now: number } {
     terminal: spec.terminal ? { result: "failure", reason: "x", at: new Date(CREATED).toISOString() } : null,
     blocked: null,
     refused_posts: [],
+    effect_seed: null,
+    effects: new Map(),
     last_seq: 100,
   };
   return { s, now };
