@@ -6,7 +6,7 @@
  * no model and touches no file. `Reducer` keeps its own working copy and mutates only that; every
  * State it hands out is a fresh object that later events never change.
  */
-import { applyAccepted } from "./admission.js";
+import { applyAccepted } from "./apply.js";
 import { type EffectRecord, foldBegun, foldEnded, withCellEffect } from "./effects.js";
 import { dropHistory, ENDED_HISTORY_KEEP } from "./history.js";
 import { setCell, setExecution } from "./live-index.js";
