@@ -9,6 +9,7 @@ import type { SessionProjection } from "../state/projection.js";
 import type { Model } from "../model/contract.js";
 import type { Metrics } from "../observability/metrics.js";
 import type { HarnessLimits } from "./options.js";
+import type { ApprovalRule } from "../state/approval.js";
 import type { HarnessWorld, TimerFunctions } from "./world.js";
 import { realTimers } from "./world.js";
 
@@ -33,6 +34,8 @@ export interface HarnessCore {
   readonly faults: HarnessFaults | null;
   /** The world's timer functions (real ones unless a test injects its own). */
   readonly timers: TimerFunctions;
+  /** This worker's approval rules, for every run it drives (besides each run's own). */
+  readonly approval: readonly ApprovalRule[];
   /** Where a session's script cells are written: a private directory of its own. */
   scriptDir(session: string): string;
   /**
@@ -83,7 +86,7 @@ export interface CoreOwner {
 
 /** The HarnessCore of database `name`, with `owner` behind its commit path and status. */
 export function createCore(
-  config: Pick<HarnessCore, "name" | "world" | "model" | "limits" | "logger" | "metrics" | "faults">,
+  config: Pick<HarnessCore, "name" | "world" | "model" | "limits" | "logger" | "metrics" | "faults" | "approval">,
   owner: CoreOwner,
 ): HarnessCore {
   const { name, world } = config;

@@ -20,8 +20,8 @@ export type CommitOutcome = "ok" | "rejected" | "uncertain" | "fenced";
 export type ExecutionKind = "script" | "cmd";
 /** How an execution finished (ARCHITECTURE.md section 6). */
 export type ExecutionResult = "success" | "error" | "cancelled" | "UnknownExecution";
-/** How a run ended (its conclusion's result). */
-export type RunResult = "success" | "failure";
+/** How a run ended (its conclusion's result, or an operator's cancel). */
+export type RunResult = "success" | "failure" | "cancelled";
 
 /** Options of {@link Metrics}. */
 export interface MetricsOptions {
@@ -42,7 +42,7 @@ const WORKER_STATES: readonly WorkerState[] = ["starting", "standby", "owner", "
 const COMMIT_OUTCOMES: readonly CommitOutcome[] = ["ok", "rejected", "uncertain", "fenced"];
 const EXECUTION_KINDS: readonly ExecutionKind[] = ["script", "cmd"];
 const EXECUTION_RESULTS: readonly ExecutionResult[] = ["success", "error", "cancelled", "UnknownExecution"];
-const RUN_RESULTS: readonly RunResult[] = ["success", "failure"];
+const RUN_RESULTS: readonly RunResult[] = ["success", "failure", "cancelled"];
 
 // A Record keyed by the union makes the compiler flag a RejectionCode added in admission.ts and missing here.
 const REJECTION_CODE_SET: Readonly<Record<RejectionCode, true>> = {
