@@ -10,7 +10,7 @@ import tseslint from "typescript-eslint";
  * - an adapter never imports another adapter.
  */
 const EFFECTFUL_NODE = ["fs", "fs/promises", "child_process", "net", "http", "https", "http2", "dgram", "dns", "os", "worker_threads", "cluster", "process", "perf_hooks", "timers", "timers/promises", "readline", "tls", "vm"].flatMap((m) => [m, `node:${m}`]);
-const ADAPTERS = ["memory", "sqlite", "replicated"];
+const ADAPTERS = ["memory", "sqlite", "replicated", "durable-streams"];
 
 const pureCore = {
   paths: EFFECTFUL_NODE.map((name) => ({ name, message: "src/state is the pure core: no I/O. Do the effect in the harness and pass the result in." })),

@@ -16,7 +16,7 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { startDevCluster } from "../storage-adapters/replicated/devcluster.js";
+import { startDevCluster } from "../src/cli/devcluster/index.js";
 import { parseProcStat } from "./stats.js";
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url));

@@ -5,7 +5,7 @@
  *
  * - floor of one round = three raw durable commits of the same adapter (sqlite: a fsynced INSERT
  *   transaction on a WAL/synchronous=FULL file; replicated: a guarded etcd transaction of the same
- *   shape as a commit, on the transport the adapter's commits use, txn-wire.ts) plus a plain
+ *   shape as a commit, on a client configured as the adapter's, client.ts) plus a plain
  *   asynchronous spawn of `true` to its exit, inside a bare bubblewrap sandbox when cells get one;
  * - for 1, 8 and 64 sessions in one process: ms per round (one session's wall time / its rounds),
  *   rounds/s in total, commits per round, durable writes per round (on replicated the etcd
@@ -59,8 +59,8 @@ import { encodeSnapshot } from "../src/state/snapshot.js";
 import type { Database, Storage } from "../src/storage/contract.js";
 import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
-import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
-import { TxnWire } from "../storage-adapters/replicated/txn-wire.js";
+import { startDevCluster, type DevCluster } from "../src/cli/devcluster/index.js";
+import { clientOptions, closeEtcdClient, memberClient } from "../storage-adapters/replicated/client.js";
 import { put, valueIs } from "../storage-adapters/replicated/ops.js";
 import { tagBatches } from "../chaos/support/tagging.js";
 import { passThrough, passThroughStorage } from "../chaos/support/passthrough.js";
@@ -105,9 +105,9 @@ function sqliteBackend(dir: string): Backend {
 }
 
 function replicatedBackend(cluster: DevCluster): Backend {
-  // The floor's raw transactions go on the transport the adapter's commits use (txn-wire.ts), so the
-  // ratio compares the harness with the same client, not with the heavier etcd3 library.
-  const wire = new TxnWire(cluster.endpoints[0]!, undefined, 64 * 1024 * 1024);
+  // The floor's raw transactions go on a client configured as the adapter's (client.ts), so the
+  // ratio compares the harness with the same client.
+  const wire = memberClient(cluster.endpoints[0]!, clientOptions({}), 5000);
   const heads = new Map<number, number>();
   const value = "r".repeat(420);
   return {
@@ -116,19 +116,16 @@ function replicatedBackend(cluster: DevCluster): Backend {
     rawCommit: async (loop) => {
       const head = heads.get(loop) ?? 0;
       const k = (s: string): string => `bench/floor/${loop}/${s}`;
-      if (head === 0) await wire.txn({ compare: [], success: [put(k("epoch"), "1"), put(k("head"), "0")], failure: [] }, 5000);
-      const res = await wire.txn(
-        {
-          compare: [valueIs(k("epoch"), "1"), valueIs(k("head"), String(head))],
-          success: [put(k(`log/${String(head + 1).padStart(16, "0")}`), value), put(k("head"), String(head + 1))],
-          failure: [],
-        },
-        5000,
-      );
+      if (head === 0) await wire.kv.txn({ compare: [], success: [put(k("epoch"), "1"), put(k("head"), "0")], failure: [] });
+      const res = await wire.kv.txn({
+        compare: [valueIs(k("epoch"), "1"), valueIs(k("head"), String(head))],
+        success: [put(k(`log/${String(head + 1).padStart(16, "0")}`), value), put(k("head"), String(head + 1))],
+        failure: [],
+      });
       if (!res.succeeded) throw new Error("floor txn guard failed");
       heads.set(loop, head + 1);
     },
-    close: async () => wire.close(),
+    close: async () => closeEtcdClient(wire),
   };
 }
 
@@ -341,15 +338,14 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
   console.log(`\n${backend.name}: ${rounds} rounds per session, one \`true\` cell per round; floor = 3 raw durable commits + spawn of \`true\`${floorLaunch.length > 1 ? " in a bare bubblewrap sandbox (cells run sandboxed too)" : " (no sandbox here: cells run without one too)"}`);
   // The measured runs are sessions of one owner (one Harness on one database, as a worker holds its
   // database for hours or days) that has run unmeasured sessions first: its cell launcher started,
-  // V8's hot code compiled. Until December 5 (twelfth session) each measured row opened a Harness of
-  // its own after a warm-up run in another one; V8 then recompiled much of the round's code for the
-  // new instance through the measured rounds (TurboFan code specialized on the previous instance's
-  // objects is dropped with them: "weak objects" deoptimizations): about 2 to 3 ms more CPU per round
-  // with one replicated session. That transient is printed apart, below the table (`after open`).
+  // V8's hot code compiled. A row that opened a Harness of its own after a warm-up run in another one
+  // would measure V8 recompiling much of the round's code for the new instance (TurboFan code
+  // specialized on the previous instance's objects is dropped with them: "weak objects"
+  // deoptimizations): about 2 to 3 ms more CPU per round with one replicated session. That transient
+  // is printed apart, below the table (`after open`).
   // The warm-up: one session (CAIRN_BENCH_WARMUP rounds, default 3000), then 8 sessions, then the
-  // floor's own loop. A short warm-up leaves V8 compiling through the measured runs: 20 rounds (this
-  // bench's until December 4) cost about 1.5 ms of CPU per round more with one sqlite session, 2 to 4
-  // ms on replicated; after 300, V8's --trace-opt still counted 183 TurboFan compilations taking 1.4 s
+  // floor's own loop. A short warm-up leaves V8 compiling through the measured runs: after 20 rounds,
+  // about 1.5 ms of CPU per round more with one sqlite session, 2 to 4 ms on replicated; after 300, V8's --trace-opt still counted 183 TurboFan compilations taking 1.4 s
   // in the next 300 rounds. In one replicated session of one owner, TurboFan's compile time per 500
   // rounds was 2.36 s, 0.66, 0.90, 0.31, 0.25, 0.42, 0.16, 0.09 (4,000 rounds, --trace-opt): it
   // falls under 1 ms per round only after about 3,000 rounds.
@@ -376,8 +372,8 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
         `${String(sessions).padStart(8)} ${fmt(h.msPerRound).padStart(10)} ${fmt(f.msPerRound).padStart(9)} ${(fmt(h.msPerRound / f.msPerRound) + "x").padStart(6)} ${fmt(h.roundsPerSecond, 1).padStart(10)} ${fmt(f.roundsPerSecond, 1).padStart(10)} ${(fmt(f.roundsPerSecond / h.roundsPerSecond) + "x").padStart(6)} ${fmt(h.commitsPerRound).padStart(14)} ${fmt(h.writesPerRound).padStart(14)} ${fmt(h.cpuMsPerRound).padStart(21)} ${fmt(f.cpuMsPerRound).padStart(19)} ${fmt(h.mainCpuMsPerRound).padStart(21)} ${fmt(f.mainCpuMsPerRound).padStart(6)} ${fmt(h.gcMsPerRound).padStart(26)}`,
       );
       if (sessions === 1) {
-        // The repeats follow at once, back to back, before the rows of more sessions (until December
-        // 7 they followed the last row): one sample of one condition. The first runs of a series
+        // The repeats follow at once, back to back, before the rows of more sessions: one sample of
+        // one condition. The first runs of a series
         // tend to be higher than the later ones, in either order (in two runs of ten, after the last
         // row: 6.56, 6.17, 5.68, 5.17, then 4.7 to 5.0; back to back: 7.25, 6.70, 7.82, 6.66, then
         // 4.9 to 6.0); not explained.
@@ -407,7 +403,7 @@ async function roundsSection(backend: Backend, dir: string, rounds: number, sess
     await owner.close();
   }
   // The same process, warm, with a Harness opened just before: what a run pays right after its owner
-  // opened the database (JIT recompilation for the new instance), as every row measured until December 5.
+  // opened the database (JIT recompilation for the new instance).
   const fresh = await openOwner(backend, dir, "after-open");
   try {
     const h = await fresh.run(1, rounds);

@@ -10,6 +10,7 @@ import { runEtcdBench } from "./etcd.js";
 import { runIdleBench, runReplicatedIdleBench } from "./idle.js";
 import { runSilentBench } from "./silent.js";
 import { runRoundsBench } from "./rounds.js";
+import { runDurableStreamsBench } from "./durable-streams.js";
 
 const all: Record<string, () => Promise<void>> = {
   sqlite: () => runSqliteBench(),
@@ -17,6 +18,7 @@ const all: Record<string, () => Promise<void>> = {
   launch: () => runLaunchBench(),
   recovery: () => runRecoveryBench(),
   etcd: () => runEtcdBench(),
+  "durable-streams": () => runDurableStreamsBench(),
   idle: async () => {
     await runIdleBench({ seconds: 30 });
     await runReplicatedIdleBench({ seconds: 30 });

@@ -1,5 +1,5 @@
 /**
- * A silent member (issue 14): commit throughput and p50 latency on a fresh three-member dev cluster,
+ * A silent member: commit throughput and p50 latency on a fresh three-member dev cluster,
  * healthy, then with one follower SIGSTOPped, then with one member's traffic dropped by iptables
  * (root only; skipped otherwise), each window right after a healthy one so both see the same load.
  * Prints the ratios (target: throughput at least 0.7x, p50 at most 1.5x the healthy window).
@@ -13,10 +13,9 @@ import { pathToFileURL } from "node:url";
 import { setTimeout as sleep } from "node:timers/promises";
 import { event } from "../src/state/events.js";
 import type { Database } from "../src/storage/contract.js";
-import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
+import { startDevCluster, type DevCluster } from "../src/cli/devcluster/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
-import { firewallUnavailable } from "../chaos/partition/firewall.js";
-import { dropPorts, portOf } from "../chaos/zones/drop.js";
+import { dropPorts, firewallUnavailable, portOf } from "../chaos/support/firewall.js";
 
 const AT = "2025-01-02T03:04:05.678Z";
 

@@ -21,6 +21,20 @@ import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
 import { describe, it } from "node:test";
 import { GenericContainer, Network, Wait, type StartedNetwork, type StartedTestContainer } from "testcontainers";
+
+/**
+ * A worker machine whose cells can be sandboxed (deploy/README.md says what a scheduler must allow):
+ * user namespaces past Docker's default seccomp profile, and a /proc bubblewrap can mount (what
+ * `docker run --security-opt systempaths=unconfined` does: no masked or read-only /proc paths).
+ */
+class SandboxableContainer extends GenericContainer {
+  constructor(image: string) {
+    super(image);
+    this.hostConfig.SecurityOpt = ["seccomp=unconfined"];
+    this.hostConfig.MaskedPaths = [];
+    this.hostConfig.ReadonlyPaths = [];
+  }
+}
 import type { LogEvent } from "../src/state/events.js";
 import type { State } from "../src/state/schema.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
@@ -29,9 +43,9 @@ import { startFakeOpenAI, type FakeOpenAI } from "./support/fake-openai.js";
 import { exitAfterTests } from "../test/support/exit.js";
 
 // Once the tests are done, the process is ended if it has not ended by itself (exitAfterTests, at the
-// end of this file): a fresh clone once saw this file's process never exit. Until December 6 every
-// run ended through that backstop, held by this file's own "still running" deadline timers (now
-// unref'd, see `raceDeadline`); it has ended by itself since.
+// end of this file), so that a handle left open (a container client's connection) never keeps it
+// running until the runner's file timeout. The file's own "still running" deadline timers are
+// unref'd (see `raceDeadline`), so they never hold it open.
 
 process.env.TESTCONTAINERS_RYUK_DISABLED = "true";
 
@@ -113,7 +127,7 @@ describe("container drill: machines and zones as containers, the test as the sch
       containers.push(...etcds);
       const machines = await Promise.all(
         [1, 2].map((n) =>
-          new GenericContainer(images.worker)
+          new SandboxableContainer(images.worker)
             .withNetwork(net!)
             .withNetworkAliases(`machine-${n}`)
             .withEntrypoint(["/usr/bin/node", "-e", "setInterval(() => {}, 1 << 30)"])

@@ -1,5 +1,5 @@
 /**
- * The kill matrix (issue 3): a real `cairn run` on sqlite is SIGKILLed at each commit boundary of a
+ * The kill matrix: a real `cairn run` on sqlite is SIGKILLed at each commit boundary of a
  * cell's life, then `cairn resume` (a new process) finishes the run. The cell appends one line to an
  * effect file, so "ran once", "never ran" and "ran twice" are visible on disk, and the log must agree.
  *

@@ -1,5 +1,5 @@
 /**
- * Lost acknowledgements (issue 3): the sqlite commit becomes durable, then its acknowledgement is lost
+ * Lost acknowledgements: the sqlite commit becomes durable, then its acknowledgement is lost
  * (the adapter's `commit:after-durable` fault point throws). The harness must treat the outcome as
  * unknown (StorageFailure: poisoned, launching nothing more), and a NEW harness on the same files must
  * learn the truth from the log: the committed batch is there, nothing is done twice, nothing is lost.
@@ -24,6 +24,7 @@ import { brief, finishesOf, ofKind, readLog, startsOf } from "./support/log.js";
 import { PolicyModel } from "./support/model.js";
 import { cmdPatch, concludePatch } from "./support/patches.js";
 import { tagBatches } from "./support/tagging.js";
+import { withHarness } from "../test/support/harness.js";
 
 const DB = "chaos";
 const APPEND = ["sh", "-c", "echo ran >> effect.txt"];
@@ -57,8 +58,7 @@ async function firstLife(name: string, target: EventKind): Promise<FirstLife> {
     if (lost === 0 && events.some((e) => e.kind === target)) armed = true;
   });
   const model = new PolicyModel(APPEND);
-  const h = await Harness.open({ storage, name: DB, model, workDir: dir });
-  try {
+  await withHarness({ storage, name: DB, model, workDir: dir }, async (h) => {
     const session = await h.start({ goal: "append one line to effect.txt", cwd: work });
     await assert.rejects(h.wait(session), (err: Error & { code?: string }) => {
       assert.equal(err.code, "uncertain", `the harness must stop on the lost acknowledgement, got ${err.message}`);
@@ -68,10 +68,7 @@ async function firstLife(name: string, target: EventKind): Promise<FirstLife> {
     assert.equal(h.status, "poisoned");
     await assert.rejects(h.post(session, { id: "late", kind: "note", payload: null }), (err: Error & { code?: string }) => err.code === "uncertain");
     await h.settled();
-  } finally {
-    await h.close();
-    await storage.close();
-  }
+  }).finally(() => storage.close());
   return { dir, data, work, model };
 }
 

@@ -10,7 +10,7 @@
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { firewallUnavailable } from "./nemesis/firewall.js";
+import { firewallUnavailable } from "./support/firewall.js";
 import { removeRun, runNemesis } from "./nemesis/run.js";
 
 const SEED = 20261203;

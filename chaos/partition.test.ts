@@ -12,7 +12,7 @@
  * - A's `watch` reports the fence, with B's epoch (also when A commits nothing: then only the
  *   epoch watch can tell it).
  *
- * Cuts (see partition/firewall.ts): `reset` refuses A's packets with a TCP reset (connections fail
+ * Cuts (see support/firewall.ts): `reset` refuses A's packets with a TCP reset (connections fail
  * at once); `drop` silently drops both directions of A's connections (the client only learns from
  * its deadlines, and nothing the members send reaches A either). Rules carry the comment
  * cairn-partition-<pid> and are removed in `finally`/`after` (and at process exit), even on failure.
@@ -25,9 +25,9 @@ import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { event, identity, type LogEvent } from "../src/state/events.js";
 import type { Storage } from "../src/storage/contract.js";
-import { startDevCluster, type DevCluster } from "../storage-adapters/replicated/devcluster.js";
+import { startDevCluster, type DevCluster } from "../src/cli/devcluster/index.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
-import { firewallUnavailable, partition, type CutMode, type Partition } from "./partition/firewall.js";
+import { firewallUnavailable, partition, type CutMode, type Partition } from "./support/firewall.js";
 import { stageOwner, startOwner, userIds, type OwnerLine, type OwnerProcess, type StagedOwner } from "./partition/owner-process.js";
 import { OWNER_SESSION } from "./partition/protocol.js";
 import { exitAfterTests } from "../test/support/exit.js";

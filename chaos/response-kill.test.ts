@@ -1,7 +1,7 @@
 /**
- * Kill after the model response (issue 4): a real `cairn run` against an OpenAI-compatible server is
- * SIGKILLed right after a complete response is committed (with its verdict in the same commit since
- * issue 13, before anything it authorizes is done). `cairn resume` must carry on from that committed
+ * Kill after the model response: a real `cairn run` against an OpenAI-compatible server is
+ * SIGKILLed right after a complete response is committed (with its verdict in the same commit,
+ * before anything it authorizes is done). `cairn resume` must carry on from that committed
  * response WITHOUT calling the provider again for that round (the server counts its requests; the
  * log counts `model_attempt` events), then carry the run to its end.
  * Killed once at round 1 (the response adds a cell) and once at round 2 (the response concludes).
@@ -52,7 +52,7 @@ describe("SIGKILL after the model response is committed", () => {
       let log = await readLog(data, DB);
       const responses = ofKind(log, "model_response").filter((e) => e.body.turn === turn);
       assert.equal(responses.length, 1, `the response of ${turn} is committed before the kill:\n${brief(log)}`);
-      // The response is committed together with its verdict (issue 13: a round at 3 commits; the
+      // The response is committed together with its verdict (a round at 3 commits; the
       // response alone only when both do not fit one commit): at most that one acceptance so far,
       // of exactly the committed patch.
       const acceptedBefore = ofKind(log, "patch_accepted").filter((e) => e.body.turn === turn);

@@ -73,7 +73,7 @@ async function readyzIs(port: number, status: number, limitMs = 60_000): Promise
   }
 }
 
-describe("issue 9: owners, survivors and submitted runs with real processes", () => {
+describe("owners, survivors and submitted runs with real processes", () => {
   test("the survivors of a SIGKILLed `cairn run` are stopped before the next `cairn run` launches its first cell", async () => {
     const { dir, data, work } = dirs("survivor");
     const work2 = join(dir, "work2");
@@ -167,7 +167,7 @@ describe("issue 9: owners, survivors and submitted runs with real processes", ()
       process.kill(a.pid, "SIGCONT");
       const ra = await a.result;
       // Thawed, it finds either the fence (exit 3) or, first, that its liveness lease ran out while it
-      // was stopped (exit 4, issue 14): both stop it before it acts again. Rarely the freeze lands
+      // was stopped (exit 4): both stop it before it acts again. Rarely the freeze lands
       // inside a renewal's write to the owner-lease file: the standby then ends it with SIGKILL once
       // its lease expired (storage-adapters/sqlite/lease.ts, and says so on stderr).
       if (ra.signal === "SIGKILL") {

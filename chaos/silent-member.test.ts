@@ -1,5 +1,5 @@
 /**
- * Silent members (issue 14), on a real three-member etcd cluster started by the test:
+ * Silent members, on a real three-member etcd cluster started by the test:
  *
  * - one follower SIGSTOPped (connections stay open, nothing answers);
  * - one member's traffic dropped with iptables (client and peer ports: up, but silent);
@@ -25,9 +25,8 @@ import { startObservabilityServer } from "../src/observability/server.js";
 import type { Database } from "../src/storage/contract.js";
 import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
 import { devCluster, ev, tempDir } from "../test/replicated/helpers.js";
-import type { DevCluster } from "../storage-adapters/replicated/devcluster.js";
-import { firewallUnavailable } from "./partition/firewall.js";
-import { dropPorts, portOf } from "./zones/drop.js";
+import type { DevCluster } from "../src/cli/devcluster/index.js";
+import { dropPorts, firewallUnavailable, portOf } from "./support/firewall.js";
 import { until } from "../test/support/wait.js";
 import { exitAfterTests } from "../test/support/exit.js";
 

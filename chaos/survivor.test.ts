@@ -1,5 +1,5 @@
 /**
- * Surviving children and recycled pids (issue 3).
+ * Surviving children and recycled pids.
  *
  * 1. A harness in another process (a real `cairn run`) starts a cell whose process group holds a long
  *    `sleep`; the harness is SIGKILLed. Resumed in this process, recovery must find the survivor by
@@ -26,6 +26,7 @@ import { effectLines, endedByConclusion, observedByModel, oneFinish, oneStart, r
 import { brief, finishesOf, ofKind, readLog } from "./support/log.js";
 import { cmdPatch, concludePatch, resolvePatch, writeScript } from "./support/patches.js";
 import { alive, groupMembers, processesRunning, stat, track, until } from "./support/procs.js";
+import { withHarness } from "../test/support/harness.js";
 
 const DB = "chaos";
 const root = mkdtempSync(join(tmpdir(), "cairn-chaos-survivor-"));
@@ -165,15 +166,11 @@ describe("surviving children and recycled pids", () => {
 
     const model = new ScriptedModel({ rounds: [{ patch: cmdPatch(0, 1, cellArgv) }, { patch: concludePatch(1, 2, "failure", "cannot tell what cell 1 did") }] });
     const storage2 = createSqliteStorage({ dataDir: data });
-    const h = await Harness.open({ storage: storage2, name: DB, model, workDir: dir, create: false });
-    try {
+    await withHarness({ storage: storage2, name: DB, model, workDir: dir, create: false }, async (h) => {
       const r = await h.resume();
       assert.deepEqual(r, { sessions: ["s1", "s2"], recovered: 2 });
       for (const s of ["s1", "s2"]) assert.equal((await h.wait(s)).result, "failure");
-    } finally {
-      await h.close();
-      await storage2.close();
-    }
+    }).finally(() => storage2.close());
 
     assert.ok(alive(recycled.pid, recycled.start), "the process holding the recycled pid was not signalled");
     assert.ok(alive(remote.pid, remote.start), "the process named by another host's record was not signalled");

@@ -705,6 +705,10 @@ int main(int argc, char **argv) {
   }
   socket_path = argv[1];
   harness_pid = getppid();
+  /* A cell's processes orphaned by its init's death (a SIGKILL of the group) come back to this
+   * process, which reaps them, instead of lingering as zombies where the machine's first process does
+   * not reap (containers without an init). */
+  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   argv_area = argv[0];
   argv_area_len = (size_t)(argv[argc - 1] + strlen(argv[argc - 1]) + 1 - argv[0]);
   signal(SIGPIPE, SIG_IGN);

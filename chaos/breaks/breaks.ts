@@ -1,5 +1,5 @@
 /**
- * The deliberate breaks of the harness (issue 11): each is a small patch (`git diff` format, against
+ * The deliberate breaks of the harness: each is a small patch (`git diff` format, against
  * the current tree) that puts one named bug back, with the nemesis profile that shows it. run.ts
  * applies one to a scratch copy of the repository and runs the nemesis there; patches.test.ts checks
  * that every patch still applies to the tree, so that they cannot rot silently.

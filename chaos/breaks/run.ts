@@ -1,5 +1,5 @@
 /**
- * Breaks the harness on purpose and shows that the nemesis catches each break (issue 11):
+ * Breaks the harness on purpose and shows that the nemesis catches each break:
  *
  *   node --import tsx chaos/breaks/run.ts [--seed N] [--control] [--keep] [--profile="ARGS"] [a b c d ...]
  *   npm run chaos:breaks -- [--seed N] [--control] [--keep] [--profile="ARGS"] [a b c d ...]

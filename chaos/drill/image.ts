@@ -18,6 +18,7 @@ import { tmpdir } from "node:os";
 import { dirname, join, relative, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import { GenericContainer } from "testcontainers";
+import { KEEPER_BUNDLE } from "../../src/exec/keeper.js";
 
 const REPO = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -121,7 +122,9 @@ export async function drillImages(log: (line: string) => void = () => undefined)
     const ctx = join(work, "context");
     mkdirSync(ctx);
     const esbuild = await import("esbuild");
-    await esbuild.build({ entryPoints: [join(REPO, "src/cli/entry.ts")], outfile: join(ctx, "cairn.mjs"), bundle: true, platform: "node", format: "esm", target: "node20", packages: "external", logLevel: "error" });
+    const common = { bundle: true, platform: "node", format: "esm", target: "node20", packages: "external", logLevel: "error" } as const;
+    await esbuild.build({ ...common, entryPoints: [join(REPO, "src/cli/entry.ts")], outfile: join(ctx, "cairn.mjs") });
+    await esbuild.build({ ...common, entryPoints: [join(REPO, "src/exec/keeper-main.ts")], outfile: join(ctx, KEEPER_BUNDLE) });
     // The cell launcher, when built here: the workers then start cells as a deployment would.
     const launcher = join(REPO, "build", "cairn-launcher");
     if (existsSync(launcher)) {
@@ -129,7 +132,7 @@ export async function drillImages(log: (line: string) => void = () => undefined)
       copyFileSync(launcher, join(ctx, "build", "cairn-launcher"));
       chmodSync(join(ctx, "build", "cairn-launcher"), 0o755);
     }
-    const h = createHash("sha256").update(base).update(readFileSync(join(ctx, "cairn.mjs"))).update(readFileSync(join(REPO, "deploy/Dockerfile")));
+    const h = createHash("sha256").update(base).update(readFileSync(join(ctx, "cairn.mjs"))).update(readFileSync(join(ctx, KEEPER_BUNDLE))).update(readFileSync(join(REPO, "deploy/Dockerfile")));
     if (existsSync(launcher)) h.update(readFileSync(launcher));
     const worker = `cairn-drill-worker:${h.digest("hex").slice(0, 12)}`;
     if (!imageExists(worker)) {

@@ -1,6 +1,6 @@
 /**
- * Builds the nemesis worker and the `cairn` CLI (for timer cells) into one ESM file each with esbuild
- * (which tsx brings), so that a restarted worker starts in a fraction of a second instead of having
+ * Builds the nemesis worker, the `cairn` CLI (for timer cells) and the cell keeper's program into one
+ * ESM file each with esbuild (which tsx brings), so that a restarted worker starts in a fraction of a second instead of having
  * tsx compile the sources again: under a loaded machine that difference decides whether a worker ever
  * opens its database between two faults. Packages stay external; the files are written under
  * node_modules/.cache so that Node resolves those packages from the repository.
@@ -8,6 +8,7 @@
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { KEEPER_BUNDLE } from "../../src/exec/keeper.js";
 
 const REPO = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -24,5 +25,7 @@ export async function bundle(): Promise<Bundles> {
   const common = { bundle: true, platform: "node", format: "esm", target: "node20", packages: "external", logLevel: "error" } as const;
   await esbuild.build({ ...common, entryPoints: [fileURLToPath(new URL("./worker.ts", import.meta.url))], outfile: out.worker });
   await esbuild.build({ ...common, entryPoints: [join(REPO, "src/cli/entry.ts")], outfile: out.cli });
+  // The cell keeper's program, which both bundles start beside themselves (src/exec/keeper.ts).
+  await esbuild.build({ ...common, entryPoints: [join(REPO, "src/exec/keeper-main.ts")], outfile: join(dir, KEEPER_BUNDLE) });
   return out;
 }

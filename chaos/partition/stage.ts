@@ -16,6 +16,9 @@ import { dirname, join, relative, resolve, sep } from "node:path";
 const BUILD_ONLY_FILE = /\.(a|o|c|cc|cpp|h|hpp|gyp|gypi|md|map|mk)$/i;
 const BUILD_ONLY_DIR = new Set(["obj", "obj.target", ".deps", "test", "tests", "docs"]);
 
+/** Programs a module starts as processes of their own, which no import reaches (module: program). */
+const PROGRAMS = new Map([["src/exec/keeper.ts", "src/exec/keeper-main.ts"]]);
+
 /** Bare import specifiers and relative imports of one TypeScript/JavaScript source. */
 function importsOf(source: string): { relative: string[]; bare: string[] } {
   const rel: string[] = [];
@@ -90,6 +93,8 @@ export function stageForOtherUser(repo: string, entry: string, dest: string): st
     const file = pending.pop()!;
     if (files.has(file)) continue;
     files.add(file);
+    const program = PROGRAMS.get(relative(repo, file));
+    if (program !== undefined) pending.push(join(repo, program));
     const { relative: rel, bare } = importsOf(readFileSync(file, "utf8"));
     for (const spec of rel) {
       const target = resolve(dirname(file), spec).replace(/\.js$/, ".ts");

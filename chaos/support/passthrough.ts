@@ -2,8 +2,8 @@
  * Storage and Database wrappers for tests that watch what the harness does: every member is
  * forwarded to the real one, the optional ones too (`lease`, `leases`), and only the methods named
  * in `over` are replaced. The completeness is checked at compile time: a member added to the
- * contract and not forwarded here fails the build (a wrapper that once dropped the owner's lease hid
- * issue 14 from the nemesis).
+ * contract and not forwarded here fails the build (a wrapper that dropped the owner's lease would
+ * hide every lease fault from the nemesis).
  */
 import type { Database, Storage } from "../../src/storage/contract.js";
 

@@ -32,7 +32,7 @@ export async function clusterCommand(argv: readonly string[], io: Io): Promise<n
   if (action === "stop" || action === "start") {
     const member = extra[0];
     if (member === undefined || extra.length > 1) throw new UsageError(`cairn cluster ${action} takes one member name (see \`cairn cluster status\`).`);
-    const dev = await import("../../storage-adapters/replicated/devcluster.js");
+    const dev = await import("./devcluster/detached.js");
     if (action === "stop") {
       const did = await dev.clusterMemberStop(dir, member);
       io.out(did ? `stopped ${member}` : `${member} was not running`);
@@ -43,7 +43,7 @@ export async function clusterCommand(argv: readonly string[], io: Io): Promise<n
     return EXIT.ok;
   }
   if (extra.length > 0) throw new UsageError(`cairn cluster takes one action (up, down or status), got "${p.positionals.join(" ")}".`);
-  const dev = await import("../../storage-adapters/replicated/devcluster.js");
+  const dev = await import("./devcluster/detached.js");
   switch (action) {
     case "up": {
       const zones = str(p, "zones")?.split(",").map((z) => z.trim()).filter((z) => z !== "");

@@ -3,19 +3,14 @@
  *
  * The only place that wires concrete adapters and providers together. Every failure ends with one
  * sentence on stderr and a documented exit code (see exit.ts), never a stack trace.
+ *
+ * Each command's module is imported when that command runs, not before: loading every command's
+ * dependencies (the model SDKs, the harness, the metrics and HTTP servers) cost `cairn --version` and
+ * `cairn status` most of their time. test/cli/lazy-load.test.ts checks which modules a command loads.
  */
 import { VERSION } from "../version.js";
 import { EXIT, describeError } from "./exit.js";
 import { UsageError } from "./args.js";
-import { runCommand, resumeCommand } from "./run.js";
-import { statusCommand } from "./status.js";
-import { postCommand } from "./post.js";
-import { serveCommand } from "./serve.js";
-import { timerCommand } from "./timer.js";
-import { clusterCommand } from "./cluster.js";
-import { submitCommand } from "./submit.js";
-import { logCommand } from "./log.js";
-import { uiCommand } from "./ui.js";
 
 export interface Io {
   readonly out: (line: string) => void;
@@ -65,25 +60,25 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
   try {
     switch (command) {
       case "run":
-        return await runCommand(rest, io);
+        return await (await import("./run.js")).runCommand(rest, io);
       case "resume":
-        return await resumeCommand(rest, io);
+        return await (await import("./run.js")).resumeCommand(rest, io);
       case "status":
-        return await statusCommand(rest, io);
+        return await (await import("./status.js")).statusCommand(rest, io);
       case "log":
-        return await logCommand(rest, io);
+        return await (await import("./log.js")).logCommand(rest, io);
       case "post":
-        return await postCommand(rest, io);
+        return await (await import("./post.js")).postCommand(rest, io);
       case "submit":
-        return await submitCommand(rest, io);
+        return await (await import("./submit.js")).submitCommand(rest, io);
       case "serve":
-        return await serveCommand(rest, io);
+        return await (await import("./serve.js")).serveCommand(rest, io);
       case "ui":
-        return await uiCommand(rest, io);
+        return await (await import("./ui.js")).uiCommand(rest, io);
       case "timer":
-        return await timerCommand(rest, io);
+        return await (await import("./timer.js")).timerCommand(rest, io);
       case "cluster":
-        return await clusterCommand(rest, io);
+        return await (await import("./cluster.js")).clusterCommand(rest, io);
       case "--version":
       case "version":
         io.out(VERSION);

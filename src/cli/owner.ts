@@ -112,9 +112,10 @@ export function fillFromEnv(p: Parsed, command: string, env: NodeJS.ProcessEnv, 
   }
 }
 
-/** The environment variable of a flag: `--etcd` reads CAIRN_ETCD_ENDPOINTS, the rest CAIRN_<FLAG>. */
+/** The environment variable of a flag: `--etcd` reads CAIRN_ETCD_ENDPOINTS, `--url` CAIRN_DS_URL, the rest CAIRN_<FLAG>. */
 export function envName(flag: string): string {
   if (flag === "etcd") return "CAIRN_ETCD_ENDPOINTS";
+  if (flag === "url") return "CAIRN_DS_URL";
   return `CAIRN_${flag.toUpperCase().replace(/-/g, "_")}`;
 }
 

@@ -78,7 +78,7 @@ ${CELL_HELP.replace("auto (default for run and resume)", "auto").replace("requir
 
 Every flag can also come from the environment: CAIRN_ + the flag in upper case with underscores
 (CAIRN_DB, CAIRN_MODEL, CAIRN_LISTEN, CAIRN_DATA_DIR, CAIRN_TAKEOVER=true, ...; --etcd is
-CAIRN_ETCD_ENDPOINTS). The command line wins.`;
+CAIRN_ETCD_ENDPOINTS, --url is CAIRN_DS_URL). The command line wins.`;
 
 /**
  * /readyz: ready while this process owns the database, the storage holds its quorum (replicated) and

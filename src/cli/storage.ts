@@ -19,6 +19,7 @@ export const STORAGE_FLAGS = {
   storage: { type: "string" },
   "data-dir": { type: "string" },
   etcd: { type: "string" },
+  url: { type: "string" },
   "on-outage": { type: "string" },
   "outage-timeout": { type: "string" },
   lease: { type: "string" },
@@ -27,13 +28,15 @@ export const STORAGE_FLAGS = {
 } as const;
 
 export const STORAGE_HELP = `  --db NAME               the database (one per harness), e.g. harness-1
-  --storage KIND          memory | sqlite | replicated (default sqlite)
+  --storage KIND          memory | sqlite | replicated | durable-streams (default sqlite)
   --data-dir DIR          where local files live, made private (0700) (CAIRN_DATA_DIR; default
                           $XDG_STATE_HOME/cairn, i.e. ~/.local/state/cairn: outside every
                           workspace; a ./.cairn made by an older version is still used)
   --etcd URLS             replicated: comma-separated etcd endpoints (or CAIRN_ETCD_ENDPOINTS);
                           credentials from CAIRN_ETCD_USER / CAIRN_ETCD_PASSWORD, TLS from
                           CAIRN_ETCD_CA / CAIRN_ETCD_CERT / CAIRN_ETCD_KEY
+  --url URL               durable-streams: the base URL the database's streams live under (or
+                          CAIRN_DS_URL), e.g. http://127.0.0.1:4437/v1/stream
   --on-outage MODE        replicated: wait (default) or reject while the quorum is lost
   --outage-timeout SECS   replicated, with --on-outage reject: refuse commits once the quorum has
                           been lost for longer than this (default 10)
@@ -132,5 +135,13 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
     });
     return { storage, adapter: storage.adapter, dataDir, describe: `replicated on etcd ${endpoints.join(",")} (cache in ${dataDir})` };
   }
-  throw new UsageError(`cairn ${command}: --storage expects memory, sqlite or replicated, got "${kind}".`);
+  if (kind === "durable-streams") {
+    const url = (str(p, "url") ?? env.CAIRN_DS_URL ?? "").trim();
+    if (url === "") throw new UsageError(`cairn ${command}: --storage durable-streams needs the base URL of its streams: pass --url http://HOST:PORT/v1/stream or set CAIRN_DS_URL.`);
+    const { createDurableStreamsStorage } = await import("../../storage-adapters/durable-streams/index.js");
+    // A malformed URL is a ConfigError naming the option (exit 2).
+    const storage = createDurableStreamsStorage({ url, ...faults });
+    return { storage, adapter: storage.adapter, dataDir, describe: `durable-streams at ${url}` };
+  }
+  throw new UsageError(`cairn ${command}: --storage expects memory, sqlite, replicated or durable-streams, got "${kind}".`);
 }

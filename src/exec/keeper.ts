@@ -2,7 +2,7 @@
  * The cell keeper: a small process beside an owner that holds its cells to the owner's lease even
  * when the owner itself can no longer act.
  *
- * The lease (issue 14) promises that an owner's cells stop before its lease can have expired, so
+ * The lease promises that an owner's cells stop before its lease can have expired, so
  * that the next owner, which waits for that lease, never overlaps them. A live owner keeps the
  * promise itself (`guardLease` kills its cells when the lease is lost). A frozen owner (SIGSTOP, a
  * stalled VM) or a dead one (SIGKILL, OOM) cannot; on the same host the next owner's recovery stops
@@ -14,10 +14,10 @@
  * to be held. The keeper SIGKILLs every group it holds when that deadline passes without a newer one:
  * the owner froze, died, or lost the lease. A new keeper gets the deadline and the groups in its
  * arguments (past ARGV_GROUPS, the rest in a file open as its fd 3), so an owner that freezes right
- * after starting it has still handed it everything. When
- * the pipe closes (the owner exited or closed), groups the owner did not clear are killed at the
- * deadline too, so same-host recovery still finds the survivors of a crash until then, as before.
- * An owner that stops its cells itself clears them.
+ * after starting it has still handed it everything. When the pipe closes (the owner exited or
+ * closed), groups the owner did not clear are killed at the deadline too, not at once, so that
+ * same-host recovery can still find the survivors of a crash until then. An owner that stops its
+ * cells itself clears them. The keeper's program is keeper-main.ts.
  *
  * A cell can reach its keeper (same user): stopped (SIGSTOP), it is continued at the owner's next
  * beat or add; killed, the owner starts a new one at once and hands it every group it still holds.
@@ -28,90 +28,54 @@
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { closeSync, openSync, unlinkSync, writeSync } from "node:fs";
+import { closeSync, existsSync, openSync, unlinkSync, writeSync } from "node:fs";
+import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { readProcStat } from "./procfs.js";
 
 /**
- * The keeper program (plain JavaScript, run by this Node with `-e`). Its arguments: "cairn-keeper",
- * the label, the deadline, the groups held ("PGID:START,...", at most ARGV_GROUPS), and "fd3" when
- * there are more: the rest are in the file open as its fd 3 (see spill). So it holds them all from
- * its first instruction: an owner that freezes right after starting it (before writing a line) is
- * still covered. Then it reads commands, one per line. A deadline is a time on CLOCK_MONOTONIC in
- * nanoseconds (process.hrtime), one clock for every process on the machine: a line that arrives
- * late never moves it.
+ * Node's arguments that start the keeper's program (keeper-main.ts), before the keeper's own: built
+ * (dist/), keeper-main.js beside this file; in a bundle of Cairn (deploy/Dockerfile's /app/cairn.mjs,
+ * the nemesis's worker), cairn-keeper.mjs beside the bundle, built from keeper-main.ts alongside it
+ * (KEEPER_BUNDLE); run from source (tsx), keeper-main.ts bundled into plain JavaScript in memory
+ * (see fromSource). Throws when none is there: an owner without a keeper would hold its cells to no
+ * lease, so a package that lacks it must fail at open rather than lose that guarantee silently.
  */
-const KEEPER_SCRIPT = String.raw`
-const { readFileSync, readSync, fstatSync, closeSync } = require("node:fs");
-process.title = "cairn-keeper " + (process.argv[2] ?? "");
-const groups = new Map();
-function hold(list) {
-  for (const g of list.split(",")) {
-    const [pgid, start] = g.split(":");
-    if (Number(pgid) > 1) groups.set(Number(pgid), start);
+let resolved: readonly string[] | null = null;
+function keeperCommand(): readonly string[] {
+  if (resolved !== null) return resolved;
+  const here = import.meta.url;
+  if (here.endsWith(".ts")) return (resolved = fromSource(here));
+  for (const name of ["./keeper-main.js", `./${KEEPER_BUNDLE}`]) {
+    const program = fileURLToPath(new URL(name, here));
+    if (existsSync(program)) return (resolved = [program]);
   }
+  throw new Error(`the cell keeper's program is missing: neither keeper-main.js nor ${KEEPER_BUNDLE} is beside ${fileURLToPath(here)} (a bundle of Cairn must ship src/exec/keeper-main.ts bundled as ${KEEPER_BUNDLE} beside it)`);
 }
-hold(process.argv[4] ?? "");
-if (process.argv[5] === "fd3") {
-  // the groups beyond the arguments, in an unlinked file the owner wrote before starting this keeper
-  const size = fstatSync(3).size;
-  const buf = Buffer.alloc(size);
-  let at = 0;
-  while (at < size) {
-    const n = readSync(3, buf, at, size - at, at);
-    if (n === 0) break;
-    at += n;
-  }
-  closeSync(3);
-  hold(buf.toString("latin1", 0, at));
+
+/** The part of esbuild's API fromSource uses. */
+interface EsbuildSync {
+  buildSync(options: Record<string, unknown>): { outputFiles: { text: string }[] };
 }
-let deadline = /^[0-9]+$/.test(process.argv[3] ?? "") ? BigInt(process.argv[3]) : null;
-let timer = null;
-let ended = false;
-function startTime(pid) {
-  try {
-    const s = readFileSync("/proc/" + pid + "/stat", "utf8");
-    return s.slice(s.lastIndexOf(")") + 2).split(" ")[19];
-  } catch { return null; }
+
+/**
+ * Run from source: keeper-main.ts bundled by esbuild (which tsx brings), once per process, and
+ * handed to node as `-e` code ("cairn-keeper" stands where a program's path would be in its argv).
+ * Not run through tsx itself: tsx's own start costs a keeper about 0.4 s of CPU, and a keeper that
+ * starts late acts late. Nothing is written, so an owner running as another user from a read-only
+ * copy of the sources (the partition tests) starts its keeper too.
+ */
+function fromSource(here: string): readonly string[] {
+  const esbuild = createRequire(here)("esbuild") as EsbuildSync;
+  const entry = fileURLToPath(new URL("./keeper-main.ts", here));
+  const built = esbuild.buildSync({ entryPoints: [entry], bundle: true, platform: "node", format: "esm", target: "node20", write: false, logLevel: "error" });
+  return ["--input-type=module", "-e", built.outputFiles[0]!.text, "cairn-keeper"];
 }
-function killAll() {
-  for (const [pgid, start] of groups) {
-    const now = startTime(pgid);
-    // the leader alive with another start time: the pid was recycled, the group is long gone
-    if (now !== null && now !== start) continue;
-    try { process.kill(-pgid, "SIGKILL"); } catch {}
-  }
-  groups.clear();
-}
-function arm() {
-  if (timer !== null) clearTimeout(timer);
-  timer = null;
-  if (groups.size === 0) { if (ended) process.exit(0); return; }
-  if (deadline === null) return;
-  const ms = Number((deadline - process.hrtime.bigint()) / 1000000n);
-  timer = setTimeout(() => { killAll(); if (ended) process.exit(0); }, Math.max(0, ms));
-}
-let buf = "";
-process.stdin.setEncoding("utf8");
-process.stdin.on("data", (chunk) => {
-  buf += chunk;
-  let i;
-  while ((i = buf.indexOf("\n")) >= 0) {
-    const [cmd, a, b] = buf.slice(0, i).split(" ");
-    buf = buf.slice(i + 1);
-    if (cmd === "beat") deadline = a === "none" ? null : /^[0-9]+$/.test(a ?? "") ? BigInt(a) : deadline;
-    else if (cmd === "add" && Number(a) > 1) groups.set(Number(a), b);
-    else if (cmd === "drop") groups.delete(Number(a));
-    else if (cmd === "clear") groups.clear();
-  }
-  arm();
-});
-process.stdin.on("end", () => { ended = true; arm(); });
-process.on("SIGTERM", () => {});
-process.on("SIGINT", () => {});
-arm();
-`;
+
+/** The file name of keeper-main.ts bundled, beside a bundle of Cairn (see keeperCommand). */
+export const KEEPER_BUNDLE = "cairn-keeper.mjs";
 
 /** How often the owner tells the keeper its lease's deadline. */
 export const KEEPER_BEAT_MS = 250;
@@ -149,7 +113,12 @@ export class CellKeeper {
   constructor(
     private readonly remainingMs: () => number,
     private readonly label: string,
-  ) {}
+  ) {
+    this.command = keeperCommand();
+  }
+
+  /** Node's arguments that start the keeper's program (see keeperCommand). */
+  private readonly command: readonly string[];
 
   /** Holds `pgid` (leader started at `startTime`, as /proc reports it) to the lease. Starts the keeper on first use. */
   add(pgid: number, startTime: string): void {
@@ -218,7 +187,7 @@ export class CellKeeper {
     /** The groups past the arguments, when they could not be spilled: sent through the pipe after the start. */
     let piped: string[] = [];
     try {
-      const args = ["-e", KEEPER_SCRIPT, "cairn-keeper", this.label, this.deadline(), entries.slice(0, ARGV_GROUPS).join(",")];
+      const args = [...this.command, this.label, this.deadline(), entries.slice(0, ARGV_GROUPS).join(",")];
       if (entries.length > ARGV_GROUPS) {
         try {
           rest = spill(entries.slice(ARGV_GROUPS).join(","));
@@ -312,7 +281,7 @@ export class CellKeeper {
     }
   }
 
-  /** The lease's deadline on CLOCK_MONOTONIC in nanoseconds (see KEEPER_SCRIPT), or "none" for a lease that never ends. */
+  /** The lease's deadline on CLOCK_MONOTONIC in nanoseconds (see keeper-main.ts), or "none" for a lease that never ends. */
   private deadline(): string {
     const ms = this.remainingMs();
     if (ms === Infinity) return "none";

@@ -1,5 +1,5 @@
 /**
- * Self-fencing by the owner's lease (issue 14): what a harness does with `Database.lease`.
+ * Self-fencing by the owner's lease: what a harness does with `Database.lease`.
  *
  * - Before a new owner launches anything, every earlier owner's lease must be gone
  *   (`openAfterPrevious`, which `Harness.open` calls to claim the database): an owner cut off from

@@ -2,7 +2,8 @@
  * What a failed model call leads to: retry after a backoff, park the run as blocked, or end it.
  *
  * Transient failures (429, 5xx, resets, timeouts: a retryable ModelError) retry with exponential
- * backoff and full jitter (a delay drawn uniformly from [0, min(max, base * 2^(n-1))]), never sooner
+ * backoff and full jitter (src/storage/backoff.ts: a delay drawn uniformly from
+ * [0, min(max, base * 2^(n-1))]), never sooner
  * than the provider's Retry-After, for as long as the retry budget allows (default: the run's wall
  * budget). Authentication, permission and configuration failures, and a spent retry budget, park the
  * run: no retry can fix them, an operator can. Anything else that is not retryable ends the run.
@@ -11,6 +12,7 @@
  * Pure: the clock and the random draw are inputs.
  */
 import { hasCode } from "../errors.js";
+import { jitteredDelay } from "../storage/backoff.js";
 import type { TokenUsage } from "../state/events.js";
 import type { HarnessLimits } from "./options.js";
 
@@ -67,8 +69,7 @@ export function modelFailurePlan(err: unknown, ctx: FailureContext): FailurePlan
   }
   const retryable = isModel ? me.retryable === true : true;
   if (!retryable) return { ...base, action: "end" };
-  const exp = Math.min(ctx.limits.retryMaxMs, ctx.limits.retryBaseMs * 2 ** Math.min(30, Math.max(0, ctx.attemptInStreak - 1)));
-  let delayMs = Math.floor(ctx.random() * exp);
+  let delayMs = jitteredDelay({ baseMs: ctx.limits.retryBaseMs, maxMs: ctx.limits.retryMaxMs }, ctx.attemptInStreak, ctx.random);
   const after = typeof me.retryAfterMs === "number" && Number.isFinite(me.retryAfterMs) ? me.retryAfterMs : null;
   if (after !== null) delayMs = Math.max(delayMs, Math.ceil(after));
   const budget = ctx.limits.modelRetryBudgetMs;

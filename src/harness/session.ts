@@ -23,6 +23,10 @@ import { runRound } from "./round.js";
 import { RunBlocked } from "./model-retry.js";
 import { SessionTimers } from "./timers.js";
 import { speculate } from "../state/speculate.js";
+import { backoffDelay, type Backoff } from "../storage/backoff.js";
+
+/** The re-drive of a session whose pass failed: 1 s, doubling to 60 s (see scheduleRetry). */
+const REDRIVE_BACKOFF: Backoff = { baseMs: 1000, maxMs: 60_000 };
 
 export { splitText } from "./executions.js";
 
@@ -60,8 +64,8 @@ export class SessionDriver implements SessionContext {
   /** False while the run is blocked and nobody resumed it: wake-ups do not call the model again. */
   private retryBlocked = false;
   private ending: Promise<void> | null = null;
-  /** Back-off of the re-drive after an error (0: the last pass ended cleanly) and its pending timer. */
-  private retryMs = 0;
+  /** Passes that failed in a row (0: the last pass ended cleanly), for the re-drive's back-off, and its pending timer. */
+  private failedPasses = 0;
   private retryHandle: unknown = null;
   private readonly executions: Executions;
   private readonly timers: SessionTimers;
@@ -240,7 +244,7 @@ export class SessionDriver implements SessionContext {
         }
         this.timers.arm(this.session(), now);
         if (s === null || step === null || step.kind === "ended" || step.kind === "wait") {
-          this.retryMs = 0;
+          this.failedPasses = 0;
           return;
         }
         // Blocked (a refused key, a wrong model): parked until `resume`; other work still moves.
@@ -280,16 +284,17 @@ export class SessionDriver implements SessionContext {
    * handle stop the harness instead (`stopping()`), and a blocked run waits for `resume`.
    */
   private nextRetryMs(): number {
-    return Math.min(60_000, Math.max(1000, this.retryMs * 2));
+    return backoffDelay(REDRIVE_BACKOFF, this.failedPasses + 1);
   }
 
   private scheduleRetry(): void {
     if (this.retryHandle !== null || this.core.stopping()) return;
-    this.retryMs = this.nextRetryMs();
+    const delay = this.nextRetryMs();
+    this.failedPasses++;
     const handle = this.core.timers.setTimeout(() => {
       this.retryHandle = null;
       this.wake();
-    }, this.retryMs);
+    }, delay);
     // A pending retry alone never keeps a process alive (a CLI that is done exits).
     (handle as { unref?: () => void } | null)?.unref?.();
     this.retryHandle = handle;

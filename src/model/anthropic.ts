@@ -12,7 +12,7 @@
  * One non-streaming request per call: system prompt, the `step` tool forced with `tool_choice`
  * (parallel tool use disabled), one user message holding the State.
  */
-import Anthropic from "@anthropic-ai/sdk";
+import type Anthropic from "@anthropic-ai/sdk";
 import type { TokenUsage } from "../state/events.js";
 import type { Model, ModelReply, ModelRequest } from "./contract.js";
 import { renderUserMessage, STEP_TOOL, SYSTEM_PROMPT } from "./prompt.js";
@@ -36,29 +36,43 @@ export interface AnthropicModelOptions {
 /** Calls the Anthropic Messages API once per `step`; see the module comment. */
 export class AnthropicModel implements Model {
   readonly name: string;
-  private readonly client: Anthropic;
+  /** The SDK and its client, loaded on the first call (see `sdk`). */
+  private loaded: Promise<{ readonly Sdk: typeof Anthropic; readonly client: Anthropic }> | null = null;
   private readonly options: AnthropicModelOptions;
 
   constructor(options: AnthropicModelOptions) {
     this.options = options;
     this.name = `anthropic/${options.model}`;
-    this.client = new Anthropic({
-      apiKey: options.apiKey,
-      // Explicit nulls: the SDK would otherwise read ANTHROPIC_AUTH_TOKEN and ANTHROPIC_BASE_URL itself.
-      authToken: null,
-      baseURL: options.baseUrl,
-      maxRetries: 0,
-      timeout: options.timeoutMs,
-      logLevel: "off",
-      ...(options.fetch === undefined ? {} : { fetch: options.fetch }),
-    });
+  }
+
+  /**
+   * The SDK is imported on the first call, not with this module: a command that never calls this
+   * provider (status, log, a scripted run) does not pay for loading it.
+   */
+  private sdk(): Promise<{ readonly Sdk: typeof Anthropic; readonly client: Anthropic }> {
+    const options = this.options;
+    this.loaded ??= import("@anthropic-ai/sdk").then(({ default: Sdk }) => ({
+      Sdk,
+      client: new Sdk({
+        apiKey: options.apiKey,
+        // Explicit nulls: the SDK would otherwise read ANTHROPIC_AUTH_TOKEN and ANTHROPIC_BASE_URL itself.
+        authToken: null,
+        baseURL: options.baseUrl,
+        maxRetries: 0,
+        timeout: options.timeoutMs,
+        logLevel: "off",
+        ...(options.fetch === undefined ? {} : { fetch: options.fetch }),
+      }),
+    }));
+    return this.loaded;
   }
 
   /** One call. Resolves with the patch of the single `step` call; rejects with a ModelError. */
   async step(req: ModelRequest): Promise<ModelReply> {
+    const { Sdk, client } = await this.sdk();
     let message: Anthropic.Message;
     try {
-      message = await this.client.messages.create(
+      message = await client.messages.create(
         {
           model: this.options.model,
           max_tokens: this.options.maxTokens,
@@ -76,7 +90,7 @@ export class AnthropicModel implements Model {
         req.signal === undefined ? {} : { signal: req.signal },
       );
     } catch (err) {
-      throw sdkFailure(err, Anthropic, this.name, [this.options.apiKey]);
+      throw sdkFailure(err, Sdk, this.name, [this.options.apiKey]);
     }
     const usage = anthropicUsage(message.usage);
     const content: readonly { type: string }[] = Array.isArray(message.content) ? message.content : [];

@@ -11,7 +11,7 @@
  * local servers than the named form), one user message holding the State. `arguments` arrive as JSON
  * text and are parsed strictly, so a cut-off call is `bad_arguments`, never a shorter patch.
  */
-import OpenAI from "openai";
+import type OpenAI from "openai";
 import type { TokenUsage } from "../state/events.js";
 import type { Model, ModelReply, ModelRequest } from "./contract.js";
 import { renderUserMessage, STEP_TOOL, SYSTEM_PROMPT } from "./prompt.js";
@@ -34,7 +34,8 @@ export interface OpenAIModelOptions {
 /** Calls an OpenAI-compatible `/chat/completions` endpoint once per `step`; see the module comment. */
 export class OpenAIModel implements Model {
   readonly name: string;
-  private readonly client: OpenAI;
+  /** The SDK and its client, loaded on the first call (see `sdk`). */
+  private loaded: Promise<{ readonly Sdk: typeof OpenAI; readonly client: OpenAI }> | null = null;
   private readonly options: OpenAIModelOptions;
   /** api.openai.com refuses `max_tokens` for its reasoning models; most other servers only know `max_tokens`. */
   private readonly maxTokensField: "max_tokens" | "max_completion_tokens";
@@ -43,24 +44,37 @@ export class OpenAIModel implements Model {
     this.options = options;
     this.name = `openai/${options.model}`;
     this.maxTokensField = isOpenAIHost(options.baseUrl) ? "max_completion_tokens" : "max_tokens";
-    this.client = new OpenAI({
-      apiKey: options.apiKey,
-      baseURL: options.baseUrl,
-      // Explicit nulls: the SDK would otherwise read OPENAI_ORG_ID and OPENAI_PROJECT_ID itself.
-      organization: null,
-      project: null,
-      maxRetries: 0,
-      timeout: options.timeoutMs,
-      logLevel: "off",
-      ...(options.fetch === undefined ? {} : { fetch: options.fetch }),
-    });
+  }
+
+  /**
+   * The SDK is imported on the first call, not with this module: a command that never calls this
+   * provider (status, log, a scripted run) does not pay for loading it.
+   */
+  private sdk(): Promise<{ readonly Sdk: typeof OpenAI; readonly client: OpenAI }> {
+    const options = this.options;
+    this.loaded ??= import("openai").then(({ default: Sdk }) => ({
+      Sdk,
+      client: new Sdk({
+        apiKey: options.apiKey,
+        baseURL: options.baseUrl,
+        // Explicit nulls: the SDK would otherwise read OPENAI_ORG_ID and OPENAI_PROJECT_ID itself.
+        organization: null,
+        project: null,
+        maxRetries: 0,
+        timeout: options.timeoutMs,
+        logLevel: "off",
+        ...(options.fetch === undefined ? {} : { fetch: options.fetch }),
+      }),
+    }));
+    return this.loaded;
   }
 
   /** One call. Resolves with the patch of the single `step` call; rejects with a ModelError. */
   async step(req: ModelRequest): Promise<ModelReply> {
+    const { Sdk, client } = await this.sdk();
     let completion: OpenAI.Chat.Completions.ChatCompletion;
     try {
-      completion = await this.client.chat.completions.create(
+      completion = await client.chat.completions.create(
         {
           model: this.options.model,
           [this.maxTokensField]: this.options.maxTokens,
@@ -84,7 +98,7 @@ export class OpenAIModel implements Model {
         req.signal === undefined ? {} : { signal: req.signal },
       );
     } catch (err) {
-      throw sdkFailure(err, OpenAI, this.name, [this.options.apiKey]);
+      throw sdkFailure(err, Sdk, this.name, [this.options.apiKey]);
     }
     const usage = openaiUsage(completion.usage);
     const choice = Array.isArray(completion.choices) ? completion.choices[0] : undefined;

@@ -4,8 +4,9 @@
  * that exits right after logging loses nothing, and pino-pretty runs in-process as a stream (not a
  * worker transport) for the same reason. Credentials are redacted at any depth (see redact.ts).
  */
+import { createRequire } from "node:module";
 import { pino, type DestinationStream, type Logger } from "pino";
-import pretty from "pino-pretty";
+import type PinoPretty from "pino-pretty";
 import { ConfigError } from "../errors.js";
 import { REDACTED, redactSecrets } from "./redact.js";
 
@@ -58,6 +59,14 @@ export function parseLogLevel(value: string): LogLevel {
 }
 
 /**
+ * pino-pretty, loaded only when a logger is pretty (a terminal): JSON logs, the default for a
+ * worker, never load it. Synchronous, as createLogger is (pino-pretty is a CommonJS package).
+ */
+function loadPretty(): typeof PinoPretty {
+  return createRequire(import.meta.url)("pino-pretty") as typeof PinoPretty;
+}
+
+/**
  * Creates the process logger. Default: level "info", JSON lines to stderr, pretty when stderr is a
  * TTY, no pid/hostname base fields (bind `host` explicitly). Throws ConfigError for a bad level.
  */
@@ -65,7 +74,7 @@ export function createLogger(opts: LoggerOptions = {}): Logger {
   const level = parseLogLevel(opts.level ?? "info");
   const usePretty = opts.pretty ?? process.stderr.isTTY === true;
   const destination: DestinationStream = usePretty
-    ? pretty({ destination: opts.destination ?? 2, sync: true, colorize: opts.destination === undefined && process.stderr.isTTY === true })
+    ? loadPretty()({ destination: opts.destination ?? 2, sync: true, colorize: opts.destination === undefined && process.stderr.isTTY === true })
     : (opts.destination ?? pino.destination({ dest: 2, sync: true }));
   return pino(
     {

@@ -63,7 +63,7 @@ export interface DatabaseStats {
 }
 
 /**
- * The owner's lease (issue 14): liveness for the world outside the log, never safety (that is the
+ * The owner's lease: liveness for the world outside the log, never safety (that is the
  * epoch: a fenced handle writes nothing, whatever the clocks say). The owner renews it; when it
  * cannot be sure it still holds it, `onLost` fires early enough that its cells can be stopped before
  * the lease can have expired anywhere (clocks may drift by a bounded rate; no bound on skew is needed:

@@ -7,6 +7,7 @@
 export * from "./contract.js";
 export * from "./errors.js";
 export * from "./handle.js";
+export * from "./pid.js";
 export * from "./semantics.js";
 export * from "./snapshots.js";
 export type { LogEvent, NewEvent } from "../state/events.js";

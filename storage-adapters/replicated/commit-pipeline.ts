@@ -27,7 +27,6 @@
  * (onOutage "wait") with no limit; onOutage "reject" refuses new commits once the backlog is full.
  */
 import { randomBytes } from "node:crypto";
-import { setTimeout as sleep } from "node:timers/promises";
 import type { IRequestOp, IResponseOp } from "etcd3";
 import type { NewEvent } from "../../src/state/events.js";
 import type { CommitReceipt } from "../../src/storage/contract.js";
@@ -38,6 +37,7 @@ import { classifyEtcdError } from "./etcd-errors.js";
 import { MAX_BATCH_BYTES, MAX_BATCH_EVENTS, MAX_TXN_OPS, chainHash, decodeBatch, encodeBatch, type BatchRecord, type Keys } from "./layout.js";
 import type { LocalCopy } from "./local-copy.js";
 import { fencedBy, get, kvsOf, ownerGuard, put, valueIs, valueOf } from "./ops.js";
+import { Retry } from "./retry.js";
 
 /** What the pipeline needs from its handle. */
 export interface PipelineInit {
@@ -91,9 +91,6 @@ const GROUP_WAIT_BELOW = 16;
 
 /** At most this many queued commits are checked against the local copy in one lookup (checkAhead). */
 const CHECK_AHEAD = MAX_TXN_OPS;
-
-/** Small: an unanswered attempt already waited its deadline, and a new leader is elected in about a second. */
-const MAX_BACKOFF_MS = 500;
 
 export class CommitPipeline {
   private readonly queue: Pending[] = [];
@@ -372,7 +369,7 @@ export class CommitPipeline {
   /** Sends the guarded txn until its outcome is known (see the file comment). */
   private async send(compare: ReturnType<typeof valueIs>[], success: IRequestOp[], readBack: IRequestOp[], expected: number, token: string): Promise<Outcome> {
     let maybeApplied = false;
-    let delay = 100;
+    const retry = new Retry();
     for (;;) {
       if (this.init.isClosed()) {
         return maybeApplied
@@ -399,8 +396,7 @@ export class CommitPipeline {
           this.rejectQueued(refusal);
           return { kind: "unknown", reason: `${refusal.message.replace(/; nothing was written.*$/, "")}, while this commit was unanswered`, cause: err };
         }
-        await sleep(delay);
-        delay = Math.min(delay * 2, MAX_BACKOFF_MS);
+        await retry.pause();
       }
     }
   }

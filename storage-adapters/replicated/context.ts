@@ -7,24 +7,22 @@ import type { CairnError } from "../../src/errors.js";
 import { classifyEtcdError, mapEtcdError } from "./etcd-errors.js";
 import type { HealthMonitor } from "./health.js";
 import type { ReplicatedLogger, ResolvedOptions } from "./options.js";
-import type { Member, Router } from "./router.js";
+import type { Router } from "./router.js";
 
 /** Counters shared by the databases of one Storage (for stats and tests). */
 export interface Counters {
   /** etcd transactions sent to append to a log (each retry counts). */
   commitTxns: number;
-  /** Attempts of those sent on the adapter's own HTTP/2 connections (txn-wire.ts). */
-  commitTxnsHttp2: number;
+  /** Attempts of those: one per member tried. */
+  commitAttempts: number;
   /** Commit calls resolved with a receipt. */
   commitsResolved: number;
   /** Transactions that waited `groupDelayMs` for more commits to join them (commit-pipeline.ts). */
   commitGroupWaits: number;
-  /** Ownership lease renewals sent on the adapter's own HTTP/2 connections (txn-wire.ts). */
-  leaseRenewalsHttp2: number;
 }
 
 export class Context {
-  readonly counters: Counters = { commitTxns: 0, commitTxnsHttp2: 0, commitsResolved: 0, commitGroupWaits: 0, leaseRenewalsHttp2: 0 };
+  readonly counters: Counters = { commitTxns: 0, commitAttempts: 0, commitsResolved: 0, commitGroupWaits: 0 };
 
   constructor(
     readonly router: Router,
@@ -38,7 +36,7 @@ export class Context {
    * is reported to the health monitor before the error is rethrown unchanged (callers decide what an
    * unknown outcome means); a success marks the quorum held (when `linearizable`).
    */
-  async call<T>(op: (client: Etcd3, member: Member) => Promise<T>, linearizable = true): Promise<T> {
+  async call<T>(op: (client: Etcd3) => Promise<T>, linearizable = true): Promise<T> {
     try {
       const res = await this.router.call(op, this.opts.commitTimeoutMs);
       if (linearizable) this.health.noteSuccess();
@@ -54,15 +52,11 @@ export class Context {
     return this.call((client) => client.kv.txn({ compare, success, failure }));
   }
 
-  /**
-   * The commit pipeline's transaction (see `txn`): on the member's own HTTP/2 connection
-   * (txn-wire.ts) where there is one, else through the etcd3 client. Same errors either way.
-   */
+  /** The commit pipeline's transaction (see `txn`), its attempts counted. */
   commitTxn(compare: ICompare[], success: IRequestOp[], failure: IRequestOp[]): Promise<ITxnResponse> {
-    return this.call((client, member) => {
-      if (member.wire === null) return client.kv.txn({ compare, success, failure });
-      this.counters.commitTxnsHttp2++;
-      return member.wire.txn({ compare, success, failure }, this.opts.attemptTimeoutMs);
+    return this.call((client) => {
+      this.counters.commitAttempts++;
+      return client.kv.txn({ compare, success, failure });
     });
   }
 

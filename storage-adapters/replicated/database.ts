@@ -31,15 +31,12 @@ const ACK_CHUNK = 60;
 export interface ReplicatedStats extends DatabaseStats {
   /** etcd transactions this Storage sent to append (retries included); fewer than commits when grouped. */
   readonly commitTxns: number;
-  /** Attempts (one per member tried) sent on the adapter's own HTTP/2 connections (txn-wire.ts) rather than the etcd3 client. */
-  readonly commitTxnsHttp2: number;
+  /** Attempts of those transactions, one per member tried. */
+  readonly commitAttempts: number;
   /** Commits this Storage resolved with a receipt. */
   readonly commitsResolved: number;
   /** Transactions that waited `groupDelayMs` for company (only after a transaction that carried several commits). */
   readonly commitGroupWaits: number;
-  /** Ownership lease renewals, and member polls of the health monitor, sent on the adapter's own HTTP/2 connections. */
-  readonly leaseRenewalsHttp2: number;
-  readonly healthPollsHttp2: number;
 }
 
 /** What `openReplicatedDatabase` hands the handle. */
@@ -258,11 +255,9 @@ export class ReplicatedDatabase implements Database {
       backlogBytes: backlog.bytes,
       quorumWaitSeconds: Math.max(0, q.lostSeconds - this.openedLostSeconds),
       commitTxns: this.ctx.counters.commitTxns,
-      commitTxnsHttp2: this.ctx.counters.commitTxnsHttp2,
+      commitAttempts: this.ctx.counters.commitAttempts,
       commitsResolved: this.ctx.counters.commitsResolved,
       commitGroupWaits: this.ctx.counters.commitGroupWaits,
-      leaseRenewalsHttp2: this.ctx.counters.leaseRenewalsHttp2,
-      healthPollsHttp2: this.ctx.health.pollsHttp2,
     };
   }
 

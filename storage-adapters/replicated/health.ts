@@ -4,9 +4,9 @@
  * corrected by real requests (a linearizable success means held). Logs a warning when the quorum is lost and when it is
  * back. The poll is for stats and logs only: correctness never depends on it.
  */
-import { Etcd3, type IOptions } from "etcd3";
+import type { Etcd3, IOptions } from "etcd3";
+import { closeEtcdClient, memberClient } from "./client.js";
 import type { ReplicatedLogger } from "./options.js";
-import type { TxnWire } from "./txn-wire.js";
 
 /** `http://localhost:2379/` and `http://127.0.0.1:2379` name the same member. */
 function normalize(url: string): string {
@@ -21,29 +21,20 @@ export interface QuorumView {
   readonly lostSeconds: number;
 }
 
-/** One member's poll: `status()` resolves with the leader it knows ("0": none), rejects when it does not answer. */
-interface Poller {
-  readonly url: string;
-  status(): Promise<{ readonly leader: string }>;
-  close(): void;
-}
-
 /**
  * Polls members and tracks quorum. `stop()` releases its clients; idempotent. Each member is polled
- * on a txn-wire connection of its own when `wireFor` gives one (a status call there costs a fraction
- * of the etcd3 client's: the poll runs every second for the process's life), else with an etcd3
- * client (etcd authentication).
+ * with a client of its own (its advertised client URL may not be one of the configured endpoints),
+ * given `clientOptions` without the require-leader metadata (client.ts): a member without a leader
+ * answers, and says so.
  */
 export class HealthMonitor {
-  private clients: Poller[] = [];
+  private clients: { readonly url: string; readonly client: Etcd3 }[] = [];
   private timer: NodeJS.Timeout | null = null;
   private reachable = 0;
   private held = true;
   private lostSince: number | null = null;
   private lostTotalMs = 0;
   private polling = false;
-  /** Polls answered on txn-wire connections (stats). */
-  pollsHttp2 = 0;
   /** Per member URL: answered the last poll with a leader. */
   private readonly memberOk = new Map<string, boolean>();
 
@@ -51,7 +42,6 @@ export class HealthMonitor {
     private readonly clientOptions: Omit<IOptions, "hosts">,
     private readonly intervalMs: number,
     private readonly log: ReplicatedLogger,
-    private readonly wireFor: (url: string) => TxnWire | null = () => null,
     private readonly now: () => number = Date.now,
   ) {}
 
@@ -61,21 +51,7 @@ export class HealthMonitor {
     if (memberUrls.length === known.size && memberUrls.every((u) => known.has(u)) && this.timer) return;
     this.closeClients();
     const deadlineMs = Math.max(500, this.intervalMs);
-    this.clients = memberUrls.map((url): Poller => {
-      const wire = this.wireFor(url);
-      if (wire !== null) {
-        return {
-          url,
-          status: () => {
-            this.pollsHttp2++;
-            return wire.status(deadlineMs);
-          },
-          close: () => wire.close(),
-        };
-      }
-      const client = new Etcd3({ ...this.clientOptions, hosts: [url], defaultCallOptions: () => ({ deadline: Date.now() + deadlineMs }) });
-      return { url, status: () => client.maintenance.status(), close: () => client.close() };
-    });
+    this.clients = memberUrls.map((url) => ({ url, client: memberClient(url, this.clientOptions, deadlineMs) }));
     this.reachable = memberUrls.length;
     if (!this.timer) {
       this.timer = setInterval(() => void this.poll(), this.intervalMs);
@@ -88,10 +64,10 @@ export class HealthMonitor {
     this.polling = true;
     try {
       const results = await Promise.all(
-        this.clients.map(async ({ url, status }) => {
+        this.clients.map(async ({ url, client }) => {
           let r = { up: false, leader: false };
           try {
-            const s = await status();
+            const s = await client.maintenance.status();
             r = { up: true, leader: s.leader !== "0" };
           } catch {
             // unreachable, silent or refusing: counted as down
@@ -158,7 +134,7 @@ export class HealthMonitor {
   }
 
   private closeClients(): void {
-    for (const c of this.clients) c.close();
+    for (const c of this.clients) closeEtcdClient(c.client);
     this.clients = [];
     this.memberOk.clear();
   }

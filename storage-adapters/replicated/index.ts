@@ -3,13 +3,12 @@
  * zone. A commit resolves once etcd committed it, i.e. once a majority (2 of 3 zones) holds it,
  * fsynced. No replication protocol of our own: one guarded etcd transaction per commit (group).
  *
- * Layout of the keys: layout.ts. Commits, grouping and unknown outcomes: commit-pipeline.ts.
+ * Layout of the keys: layout.ts. The etcd client (one stack for every call): client.ts, routed
+ * around silent members by router.ts. Commits, grouping and unknown outcomes: commit-pipeline.ts.
  * Ownership and fencing: database.ts. Local SQLite copy: local-copy.ts. Error mapping:
- * etcd-errors.ts. Limits and deployment: deploy/etcd/README.md.
+ * etcd-errors.ts. Retries: retry.ts. Limits and deployment: deploy/etcd/README.md.
  */
-import { readFileSync } from "node:fs";
-import type { IOptions } from "etcd3";
-import { CairnError, ConfigError } from "../../src/errors.js";
+import { CairnError } from "../../src/errors.js";
 import type { LogEvent } from "../../src/state/events.js";
 import type { Database, MailboxMessage, OpenOptions, PostedMessage, Reader, Storage, StoredSnapshot } from "../../src/storage/contract.js";
 import { readSnapshot } from "./snapshots.js";
@@ -26,8 +25,8 @@ import { replicatedLeases } from "./lease.js";
 import { checkMembers, openReplicatedDatabase } from "./open.js";
 import { kvsOf, prefixEnd, range } from "./ops.js";
 import { resolveOptions, type ReplicatedLogger, type ReplicatedOptions } from "./options.js";
-import { Router, channelOptions, memberClientOptions } from "./router.js";
-import { TxnWire, type WireTls } from "./txn-wire.js";
+import { Router } from "./router.js";
+import { clientOptions, connectionOf } from "./client.js";
 
 export type { ReplicatedOptions, ReplicatedLogger } from "./options.js";
 export type { ReplicatedStats } from "./database.js";
@@ -35,19 +34,6 @@ export { MAX_BATCH_BYTES, MAX_BATCH_EVENTS, MAX_TXN_OPS } from "./layout.js";
 export { localCopyPath } from "./local-copy.js";
 
 const silent: ReplicatedLogger = { info: () => {}, warn: () => {}, error: () => {} };
-
-/** Largest gRPC message we accept (a page of log records). */
-const MAX_RECEIVE_BYTES = 64 * 1024 * 1024;
-
-/** Reads a TLS file named by option `tls.<which>`; a ConfigError naming the option and the path when it cannot. */
-function readPem(path: string, which: "ca" | "cert" | "key"): Buffer {
-  try {
-    return readFileSync(path);
-  } catch (err) {
-    const reason = (err as NodeJS.ErrnoException).code ?? String(err);
-    throw new ConfigError(`replicated storage option "tls.${which}" (or CAIRN_ETCD_${which.toUpperCase()}): cannot read ${path} (${reason})`, { cause: err });
-  }
-}
 
 /**
  * Creates a replicated Storage. Options are validated now (ConfigError naming the option); the
@@ -57,32 +43,11 @@ function readPem(path: string, which: "ca" | "cert" | "key"): Buffer {
 export function createReplicatedStorage(options: ReplicatedOptions): Storage {
   const opts = resolveOptions(options);
   const log = opts.logger ?? silent;
-  // The PEM files, read once: the etcd3 client and txn-wire's connections get the same bytes.
-  const pem: WireTls | null = opts.tls
-    ? { ca: readPem(opts.tls.ca, "ca"), ...(opts.tls.cert ? { cert: readPem(opts.tls.cert, "cert") } : {}), ...(opts.tls.key ? { key: readPem(opts.tls.key, "key") } : {}) }
-    : null;
-  const clientOptions: Omit<IOptions, "hosts"> = {
-    ...(opts.username !== undefined && opts.password !== undefined ? { auth: { username: opts.username, password: opts.password } } : {}),
-    ...(pem !== null
-      ? {
-          credentials: {
-            rootCertificate: pem.ca,
-            ...(pem.key ? { privateKey: pem.key } : {}),
-            ...(pem.cert ? { certChain: pem.cert } : {}),
-          },
-        }
-      : {}),
-    grpcOptions: channelOptions(MAX_RECEIVE_BYTES) as IOptions["grpcOptions"],
-  };
-  const memberOptions = memberClientOptions(clientOptions);
-  // One client per member; each call names its deadline (router.ts). Streams (watches) have none:
-  // their liveness is checked by gRPC keepalive and by the health monitor. The commit transaction,
-  // the ownership lease's renewals and the health monitor's polls go on connections of their own
-  // (txn-wire.ts), except with etcd authentication, whose tokens the etcd3 client handles.
-  const wireTls = pem ?? undefined;
-  const wireFor = (url: string): TxnWire | null => (opts.username === undefined && opts.commitClient === "http2" ? new TxnWire(url, wireTls, MAX_RECEIVE_BYTES) : null);
-  const health = new HealthMonitor(memberOptions, opts.healthIntervalMs, log, wireFor);
-  const router = new Router(opts.endpoints, memberOptions, opts.attemptTimeoutMs, (url) => health.member(url), opts.commitTimeoutMs, wireFor);
+  // One etcd client per member for every request (client.ts, router.ts); the health monitor's polls
+  // go on clients of their own, to the members' advertised URLs.
+  const conn = connectionOf(opts);
+  const health = new HealthMonitor(clientOptions(conn, false), opts.healthIntervalMs, log);
+  const router = new Router(opts.endpoints, clientOptions(conn), opts.attemptTimeoutMs, (url) => health.member(url), opts.commitTimeoutMs);
   const ctx = new Context(router, opts, log, health);
   const open = new Set<ReplicatedDatabase>();
   let membersLogged = false;

@@ -1,5 +1,5 @@
 /**
- * The owner's etcd lease (issue 14): liveness, never safety. Fencing stays the epoch's job.
+ * The owner's etcd lease: liveness, never safety. Fencing stays the epoch's job.
  *
  * - Open grants a lease (whole seconds, at least etcd's minimum) and claims the epoch in the same
  *   transaction that writes `<db>/liveness` attached to it, reading the previous owner record first.
@@ -17,8 +17,9 @@
  */
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
-import { EtcdLeaseInvalidError, GRPCDeadlineExceededError, GRPCUnavailableError, castGrpcError, type IDuplexStream, type IRequestOp } from "etcd3";
+import { EtcdLeaseInvalidError, type IRequestOp } from "etcd3";
 import type { OwnershipLease } from "../../src/storage/contract.js";
+import { keepAliveOnce } from "./client.js";
 import type { Context } from "./context.js";
 import type { Keys } from "./layout.js";
 import { ownerGuard, putWithLease } from "./ops.js";
@@ -154,11 +155,7 @@ export class ReplicatedLease implements OwnershipLease {
 
   /** One keep-alive on the member the router picks (another after a failed attempt): the TTL etcd reports (<= 0: gone). */
   private keepAlive(): Promise<number> {
-    return this.ctx.router.call((client, member) => {
-      if (member.wire === null) return keepAliveOnce(client, this.id, this.ctx.router.keepAliveAttemptMs);
-      this.ctx.counters.leaseRenewalsHttp2++;
-      return member.wire.keepAlive(this.id, this.ctx.router.keepAliveAttemptMs);
-    }, Math.max(250, this.ttlMs - marginMs(this.ttlMs)));
+    return this.ctx.router.call((client) => keepAliveOnce(client, this.id, this.ctx.router.keepAliveAttemptMs), Math.max(250, this.ttlMs - marginMs(this.ttlMs)));
   }
 
   /**
@@ -390,41 +387,4 @@ function refOf(o: unknown): LeaseRef[] {
  */
 export function leaseGone(ttl: number): boolean {
   return ttl < 0;
-}
-
-/**
- * One keep-alive on `client`'s member within `timeoutMs` (an outage after it: the stream is cancelled).
- * Resolves with the TTL etcd reports (<= 0: gone).
- */
-export async function keepAliveOnce(client: import("etcd3").Etcd3, id: string, timeoutMs: number): Promise<number> {
-  let timer: NodeJS.Timeout | undefined;
-  let timedOut = false;
-  let stream: IDuplexStream<{ ID: string }, { TTL: string }> | null = null;
-  const expired = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => {
-      timedOut = true;
-      stream?.cancel();
-      reject(new GRPCDeadlineExceededError(`no lease keep-alive answer within ${timeoutMs} ms`));
-    }, timeoutMs);
-  });
-  const answered = (async () => {
-    const s = (await client.leaseClient.leaseKeepAlive()) as unknown as IDuplexStream<{ ID: string }, { TTL: string }>;
-    if (timedOut) {
-      s.cancel(); // opened after the deadline: nobody waits for it
-      throw new GRPCDeadlineExceededError(`no lease keep-alive stream within ${timeoutMs} ms`);
-    }
-    stream = s;
-    return new Promise<number>((resolve, reject) => {
-      s.on("data", (res) => resolve(Number(res.TTL)));
-      s.on("error", (err: Error) => reject(castGrpcError(err)));
-      s.on("end", () => reject(new GRPCUnavailableError("the lease keep-alive stream ended without an answer")));
-      s.write({ ID: id });
-    });
-  })();
-  try {
-    return await Promise.race([expired, answered]);
-  } finally {
-    clearTimeout(timer);
-    if (!timedOut) (stream as IDuplexStream<{ ID: string }, { TTL: string }> | null)?.end();
-  }
 }

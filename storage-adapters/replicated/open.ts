@@ -7,7 +7,6 @@
 import { randomUUID } from "node:crypto";
 import type { IRequestOp, IResponseOp } from "etcd3";
 import { existsSync, rmSync } from "node:fs";
-import { setTimeout as sleep } from "node:timers/promises";
 import { CairnError, ConfigError } from "../../src/errors.js";
 import { DatabaseNotFound, StorageUnavailable } from "../../src/storage/errors.js";
 import { forEachBatch, readEpochHead } from "./cluster-log.js";
@@ -17,6 +16,7 @@ import { GENESIS_HASH, MAX_TXN_OPS, checkDatabaseName, decodeBatch, keysOf, type
 import { LocalCopy, localCopyPath } from "./local-copy.js";
 import { ReplicatedLease, grantLease, handOverOp, leaseGone, leaseNotFound, parseLeaseRef, parseOwner, type LeaseRef, type OwnerRecord } from "./liveness.js";
 import { absent, get, kvsOf, prefixEnd, put, putWithLease, valueIs, valueOf } from "./ops.js";
+import { Retry } from "./retry.js";
 import { readPointer, readSegments } from "./snapshots.js";
 
 /** `<db>/waitfor/` entries, all of them (handOver in liveness.ts: one per earlier lease, few). */
@@ -57,10 +57,8 @@ const MAX_CLAIMS = 20;
  */
 const MAX_HANDED_IN_CLAIM = MAX_TXN_OPS - 8;
 
-/** Claims refused because a lease they named had run out, before an open gives up (each drops every earlier lease then reported gone, or waits a moment). */
+/** Claims refused because a lease they named had run out, before an open gives up (each drops every earlier lease then reported gone, or pauses: retry.ts). */
 const MAX_REFUSALS = 16;
-/** The pause before claiming again when etcd refused a lease that no member reports gone yet. */
-const REFUSAL_PAUSE_MS = 100;
 
 /** A voting member and its zone. */
 export interface MemberInfo {
@@ -149,6 +147,7 @@ export async function claim(
   // never one this open granted nor one seen gone. Waiting for a lease that is already gone costs one poll.
   const earlier = (): LeaseRef[] => [...seen.values()].filter((r) => !own.has(r.lease) && !gone.has(r.lease));
   let refusals = 0;
+  const retry = new Retry();
   for (let attempt = 0; attempt < MAX_CLAIMS; attempt++) {
     const current = attempt === 0 ? first : await readEpochHead(ctx, keys);
     // An id without an epoch key (left by a partial deletion) is no database's: it is overwritten below.
@@ -182,7 +181,7 @@ export async function claim(
           { cause: err },
         );
       }
-      if (which === "none") await sleep(REFUSAL_PAUSE_MS);
+      if (which === "none") await retry.pause();
       attempt--;
       continue;
     }

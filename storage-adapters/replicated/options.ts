@@ -32,7 +32,6 @@ const OptionsSchema = z.strictObject({
   livenessMs: z.number().int().min(2000).default(3000),
   healthIntervalMs: z.number().int().min(100).default(1000),
   leaseMs: z.number().int().min(1000).default(10_000),
-  commitClient: z.enum(["http2", "etcd3"]).default("http2"),
   logger: z.custom<ReplicatedLogger>((v) => typeof v === "object" && v !== null && ["info", "warn", "error"].every((k) => typeof (v as Record<string, unknown>)[k] === "function"), {
     message: "logger must have info, warn and error methods (pino-compatible)",
   }).optional(),
@@ -93,13 +92,6 @@ export interface ReplicatedOptions {
   readonly healthIntervalMs?: number;
   /** Length of an owner lease (lease.ts) in ms, rounded up to whole seconds (default 10000). */
   readonly leaseMs?: number;
-  /**
-   * How the commit transaction (and the ownership lease's renewals and the health monitor's member
-   * polls) reach etcd: "http2" (default), HTTP/2 connections of our own (txn-wire.ts; a commit costs
-   * about half the CPU, a renewal or a poll a small fraction), or "etcd3", the etcd3 client every
-   * other request uses. With username/password the etcd3 client is always used (it handles the tokens).
-   */
-  readonly commitClient?: "http2" | "etcd3";
   readonly logger?: ReplicatedLogger;
   readonly faults?: FaultHook;
 }

@@ -1,5 +1,5 @@
 /**
- * A watch that survives its member going silent (issue 14).
+ * A watch that survives its member going silent.
  *
  * The watch stream lives on one member. When the health monitor sees that member unreachable or
  * leaderless, or the stream reports an error or a disconnect, the watch is re-created on another
@@ -12,8 +12,9 @@
  */
 import { GRPCDeadlineExceededError, type IKeyValue, type Watcher } from "etcd3";
 import type { Context } from "./context.js";
+import { withTimeout } from "./client.js";
+import { Retry } from "./retry.js";
 import type { Member } from "./router.js";
-import { withTimeout } from "./router.js";
 
 export interface WatchSpec {
   readonly what: string;
@@ -34,7 +35,7 @@ const CANCEL_BOUND_MS = 1000;
 /**
  * Cancels `w`, waiting at most CANCEL_BOUND_MS for its member; never rejects. Callers that need not
  * wait drop the promise. A cancel its member does not answer leaves the watcher attached in etcd3's
- * watch manager; closing the client empties the manager (router.ts closeEtcdClient).
+ * watch manager; closing the client empties the manager (client.ts closeEtcdClient).
  */
 function cancelBounded(w: Watcher): Promise<void> {
   let cancelling: Promise<void>;
@@ -134,6 +135,7 @@ export class ResilientWatch {
       this.watcher = null;
       this.ctx.log.warn({ watch: this.spec.what, member: this.member?.url, why }, "etcd watch moved to another member");
       if (old !== null) void cancelBounded(old);
+      const retry = new Retry();
       while (!this.closed) {
         try {
           await this.establish(null);
@@ -145,7 +147,7 @@ export class ResilientWatch {
           // loss): it is dropped before the next one is created, not left attached beside it.
           this.dropWatcher();
           this.ctx.log.warn({ watch: this.spec.what, err: (err as Error).message }, "etcd watch could not be re-created yet; retrying");
-          await new Promise((r) => setTimeout(r, 500).unref());
+          await retry.pause(undefined, false);
         }
       }
     })().finally(() => {
@@ -160,7 +162,7 @@ export class ResilientWatch {
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
     // A stream still being created (a move in progress) is cancelled now, not when its creation
-    // ends: the client may be closed before then (router.ts closeEtcdClient empties it anyway).
+    // ends: the client may be closed before then (client.ts closeEtcdClient empties it anyway).
     if (this.attempt !== null) void cancelBounded(this.attempt);
     this.attempt = null;
     const w = this.watcher;

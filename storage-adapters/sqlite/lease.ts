@@ -34,7 +34,8 @@ import { hostname } from "node:os";
 import { join } from "node:path";
 import type { HeldLease, LeaseTicket, LeaseView, OwnerInfo, OwnerLeases } from "../../src/storage/contract.js";
 import { checkDatabaseName } from "../../src/storage/semantics.js";
-import { isStopped, killAndWait, pidAlive, runMark, writeLockHolders } from "./procs.js";
+import { pidAlive } from "../../src/storage/pid.js";
+import { isStopped, killAndWait, runMark, writeLockHolders } from "./procs.js";
 
 interface Row {
   token: string;

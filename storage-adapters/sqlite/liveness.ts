@@ -1,5 +1,5 @@
 /**
- * The owner's lease on sqlite (issue 14): a heartbeat row per owner epoch, on one machine's clock.
+ * The owner's lease on sqlite: a heartbeat row per owner epoch, on one machine's clock.
  * Liveness only: fencing stays the owner epoch checked inside every transaction.
  *
  * - The claim inserts this owner's row in `lease` (epoch, host, pid, renewed_at, ttl_ms) and reads the
@@ -20,7 +20,8 @@ import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { OwnershipLease } from "../../src/storage/contract.js";
 import type { Connection } from "./connection.js";
-import { isStopped, killAndWait, pidAlive } from "./procs.js";
+import { pidAlive } from "../../src/storage/pid.js";
+import { isStopped, killAndWait } from "./procs.js";
 
 export const DEFAULT_LEASE_MS = 3000;
 

@@ -1,22 +1,12 @@
 /**
  * What the sqlite adapter asks Linux about other processes on this host, for liveness only (never
- * safety: the owner epoch fences): is a pid alive, is it stopped (SIGSTOP), which processes hold a
+ * safety: the owner epoch fences): is a process stopped (SIGSTOP), which processes hold a
  * write lock on a SQLite file, and ending one with SIGKILL. A process frozen while it holds SQLite's
  * write lock keeps that lock (fcntl locks belong to the process, and a stopped process never releases
  * them), so every other writer of the file gets SQLITE_BUSY until the process is thawed or killed.
  */
 import { readFileSync, statSync } from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
-
-/** Whether a process with this pid exists (EPERM: it exists, owned by someone else). */
-export function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === "EPERM";
-  }
-}
 
 /** The state letter of /proc/PID/stat ("T" stopped, "t" traced, "Z" zombie), or null when there is no such process. */
 export function procState(pid: number): string | null {

@@ -1,10 +1,10 @@
 /**
- * Review: `cairn` inputs at their edges, and SIGTERM on a running `cairn run`.
+ * `cairn` inputs at their edges, and SIGTERM on a running `cairn run`.
  */
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cairnIn as cairn, ENTRY, hasStack } from "./support.js";
 import { tempDir } from "../harness/support.js";
@@ -13,7 +13,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 let t: { dir: string; cleanup(): void };
 before(() => {
-  t = tempDir("cairn-review-cli-");
+  t = tempDir("cairn-cli-edges-");
 });
 after(() => t.cleanup());
 
@@ -32,7 +32,7 @@ function oneSentence(stderr: string): void {
   assert.equal(stderr.trim().split("\n").length, 1, `one line on stderr, got:\n${stderr}`);
 }
 
-describe("review: cairn inputs", () => {
+describe("cairn inputs", () => {
   it("--max-wall 0 is bad usage (exit 2, one sentence), like --max-rounds 0", async () => {
     const model = script(join(t.dir, "m0.json"), [add(0, [{ kind: "note", text: "x" }])]);
     const r = await cairn(["run", "g", "--db", "w0", "--data-dir", join(t.dir, "d0"), "--model", model, "--max-wall", "0"]);
@@ -56,13 +56,24 @@ describe("review: cairn inputs", () => {
   });
 });
 
-describe("review: SIGTERM on cairn run (confirmed good)", () => {
+describe("SIGTERM on cairn run", () => {
   it("exits 143, stops the running cell's group, and resume records it as UnknownExecution without re-running it", async () => {
     const data = join(t.dir, "dterm");
     const pidFile = join(t.dir, "cell.pid");
+    // A sleep of its own length, found on this host by its command line (inside its sandbox the
+    // cell's own pids are its PID namespace's).
+    const sleepFor = `30.${process.pid}`;
+    const sleeping = (): boolean =>
+      readdirSync("/proc").some((e) => {
+        try {
+          return /^\d+$/.test(e) && readFileSync(`/proc/${e}/cmdline`, "utf8") === `sleep\0${sleepFor}\0`;
+        } catch {
+          return false;
+        }
+      });
     const effect = join(t.dir, "effect");
     const model = script(join(t.dir, "mterm.json"), [
-      add(0, [{ kind: "cmd", argv: ["sh", "-c", `echo run >> ${effect}; echo $$ > ${pidFile}; sleep 30`] }]),
+      add(0, [{ kind: "cmd", argv: ["sh", "-c", `echo run >> ${effect}; echo started > ${pidFile}; sleep ${sleepFor}`] }]),
       [{ op: "test", path: "/revision", value: 1 }, { op: "add", path: "/cells/-", value: { id: 2, previous_id: null, kind: "note", role: "conclusion", result: "failure", text: "saw it" } }],
     ]);
     const child = spawn(process.execPath, ["--import", "tsx", ENTRY, "run", "g", "--db", "term", "--data-dir", data, "--cwd", t.dir, "--model", model, "--validator", `sh -c 'exit 0'`], {
@@ -73,21 +84,17 @@ describe("review: SIGTERM on cairn run (confirmed good)", () => {
     const exited = new Promise<number | null>((r) => child.on("close", (code) => r(code)));
     try {
       for (let i = 0; i < 3000 && !(existsSync(pidFile) && readFileSync(pidFile, "utf8").trim() !== ""); i++) await sleep(20);
-      const pid = Number(readFileSync(pidFile, "utf8").trim());
+      assert.ok(sleeping(), "the cell's sleep runs");
       child.kill("SIGTERM");
       const code = await exited;
       assert.equal(code, 143, stderr);
       assert.ok(!hasStack(stderr), stderr);
       let gone = false;
       for (let i = 0; i < 400 && !gone; i++) {
-        try {
-          process.kill(pid, 0);
-          await sleep(50);
-        } catch {
-          gone = true;
-        }
+        gone = !sleeping();
+        if (!gone) await sleep(50);
       }
-      assert.ok(gone, `cell pid ${pid} survived SIGTERM of cairn run`);
+      assert.ok(gone, "the cell's sleep survived SIGTERM of cairn run");
       const st = await cairn(["status", "--db", "term", "--data-dir", data, "--json"]);
       const doc = JSON.parse(st.stdout) as { sessions: { validators: string[][]; executions: { cell_id: number; phase: string }[] }[] };
       assert.deepEqual(doc.sessions[0]!.validators, [["sh", "-c", "exit 0"]], "quotes in --validator group words");

@@ -1,5 +1,5 @@
 /**
- * `cairn log` on the replicated adapter (issue 12: "works on every adapter"): a run on a real
+ * `cairn log` on the replicated adapter (it works on every adapter): a run on a real
  * 3-member etcd cluster, then its timeline read by another process's view with an empty data
  * directory (the local copy is rebuilt from the cluster), never taking ownership: the epoch is
  * unchanged after the log is read, and `--json` is exactly what the storage holds.

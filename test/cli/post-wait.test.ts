@@ -1,5 +1,5 @@
 /**
- * `cairn post --wait` (issue 10): waits until the owner moved the message into the run's inbox
+ * `cairn post --wait`: waits until the owner moved the message into the run's inbox
  * (exit 0, "delivered"), also when the message was posted before any owner was there; a message for
  * a run only submitted so far is delivered after its start. The owner is a real Harness on the same
  * sqlite files (its mailbox watch polls them), the CLI runs in this process through `main`.

@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { startDevCluster, type DevCluster } from "../../storage-adapters/replicated/devcluster.js";
+import { startDevCluster, type DevCluster } from "../../src/cli/devcluster/index.js";
 import { cairn, ENTRY, ROOT } from "../cli/support.js";
 import { tempDir } from "../harness/support.js";
 import { until } from "../support/wait.js";

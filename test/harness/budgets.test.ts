@@ -1,5 +1,5 @@
 /**
- * Review: budgets and limits at their edges (a hanging model, durations past setTimeout's range),
+ * Budgets and limits at their edges (a hanging model, durations past setTimeout's range),
  * and models that misbehave.
  */
 import { describe, it } from "node:test";
@@ -8,6 +8,7 @@ import { Harness } from "../../src/harness/harness.js";
 import type { Model, ModelRequest } from "../../src/model/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { adds, cmd, conclude, scripted, tempDir } from "./support.js";
+import { withHarness } from "../support/harness.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -21,20 +22,16 @@ const hanging: Model = {
     }),
 };
 
-describe("review: budgets", () => {
+describe("budgets", () => {
   it("the wall-time budget ends a run whose model call hangs", async () => {
     const t = tempDir();
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "b", model: hanging, workDir: t.dir, limits: fast });
-    try {
+    await withHarness({ storage: createMemoryStorage(), name: "b", model: hanging, workDir: t.dir, limits: fast }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir, budgets: { max_wall_seconds: 1 } });
       const out = await Promise.race([h.wait(s), sleep(10_000).then(() => null)]);
       assert.ok(out !== null, "10 s after a 1 s wall-time budget the run had not ended: the budget is only checked between model calls");
       assert.equal(out.result, "failure");
       assert.match(out.reason, /wall-time budget/);
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 
   it("a wall-time budget longer than 24.8 days does not overflow setTimeout (no wake-up storm)", async () => {
@@ -71,7 +68,7 @@ describe("review: budgets", () => {
     }
   });
 
-  it("max_rounds 1 allows exactly one model round, then ends the run (confirmed good)", async () => {
+  it("max_rounds 1 allows exactly one model round, then ends the run", async () => {
     const t = tempDir();
     const calls: number[] = [];
     const model: Model = {
@@ -81,21 +78,17 @@ describe("review: budgets", () => {
         return { patch: adds(req.state.revision, req.state.runtime.next_cell_id, [cmd("true")]), usage: null };
       },
     };
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "b", model, workDir: t.dir, limits: fast });
-    try {
+    await withHarness({ storage: createMemoryStorage(), name: "b", model, workDir: t.dir, limits: fast }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir, budgets: { max_rounds: 1 } });
       const out = await h.wait(s);
       assert.equal(out.result, "failure");
       assert.match(out.reason, /round budget of 1/);
       assert.equal(calls.length, 1);
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 });
 
-describe("review: misbehaving models (confirmed good)", () => {
+describe("misbehaving models", () => {
   const cases: { name: string; step: (req: ModelRequest) => unknown }[] = [
     { name: "throws a TypeError", step: () => Promise.reject(new TypeError("provider bug")) },
     { name: "returns undefined", step: async () => undefined },
@@ -109,18 +102,14 @@ describe("review: misbehaving models (confirmed good)", () => {
     it(`a model that ${c.name}: the run still ends (wait() settles) and nothing hangs`, async () => {
       const t = tempDir();
       const model = { name: "bad", step: c.step } as unknown as Model;
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "m", model, workDir: t.dir, limits: { ...fast, maxAttemptsPerTurn: 3 } });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "m", model, workDir: t.dir, limits: { ...fast, maxAttemptsPerTurn: 3 } }, async (h) => {
         const s = await h.start({ goal: "g", cwd: t.dir });
         const out = await Promise.race([h.wait(s).then((o) => o.result, (e: Error) => `rejected: ${e.message}`), sleep(15_000).then(() => "hung")]);
         assert.notEqual(out, "hung");
         assert.equal(out, "failure");
         const u = h.session(s)!.state.runtime.usage;
         assert.ok(u.attempts >= 1 && u.attempts <= 3, `attempts ${u.attempts}`);
-      } finally {
-        await h.close();
-        t.cleanup();
-      }
+      }).finally(() => t.cleanup());
     });
   }
 });

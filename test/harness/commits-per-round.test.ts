@@ -8,11 +8,11 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { join } from "node:path";
 import type { NewEvent } from "../../src/state/events.js";
-import { Harness } from "../../src/harness/harness.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { tagBatches } from "../../chaos/support/tagging.js";
 import { LoopModel } from "../../chaos/support/loop-model.js";
 import { tempDir } from "./support.js";
+import { withHarness } from "../support/harness.js";
 
 
 test("a round with one `true` cell takes at most 3 commits, and `started` is committed alone", async (t) => {
@@ -21,15 +21,11 @@ test("a round with one `true` cell takes at most 3 commits, and `started` is com
   const batches: (readonly NewEvent[])[] = [];
   const storage = tagBatches(createSqliteStorage({ dataDir: join(tmp.dir, "data") }), (events) => batches.push(events));
   const rounds = 12;
-  const h = await Harness.open({ storage, name: "commits", model: new LoopModel(rounds), workDir: join(tmp.dir, "work") });
-  try {
+  await withHarness({ storage, name: "commits", model: new LoopModel(rounds), workDir: join(tmp.dir, "work") }, async (h) => {
     const id = await h.start({ goal: "loop", cwd: tmp.dir });
     const outcome = await h.wait(id);
     assert.equal(outcome.result, "success", outcome.reason);
-  } finally {
-    await h.close();
-    await storage.close();
-  }
+  }).finally(() => storage.close());
   const kinds = batches.map((b) => b.map((e) => e.kind));
   const started = kinds.filter((k) => k.includes("execution_started"));
   assert.equal(started.length, rounds, "one cell per round ran");

@@ -7,6 +7,7 @@ import type { Model, ModelRequest } from "../../src/model/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { adds, cmd, conclude, note, scripted, tempDir } from "./support.js";
+import { withHarness } from "../support/harness.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 
@@ -37,8 +38,7 @@ describe("control notes", () => {
         adds(3, 5, [conclude("failure", "end")]),
         adds(4, 6, [conclude("failure", "end")]),
       ]);
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "c", model, workDir: t.dir, limits: fast });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "c", model, workDir: t.dir, limits: fast }, async (h) => {
         const s = await h.start({ goal: "g", cwd: t.dir });
         await h.post(s, { id: "nudge", kind: "nudge", payload: null });
         await h.wait(s);
@@ -47,9 +47,7 @@ describe("control notes", () => {
         assert.equal(sp.executions.get(2)?.started, null, "the cancelled cell was never launched");
         assert.equal(sp.controls.get(3)?.outcome, "cancelled");
         assert.equal(existsSync(never), false);
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -67,8 +65,7 @@ describe("control notes", () => {
         const unknown = req.state.runtime.cells["1"]?.result === "UnknownExecution";
         return adds(r, req.state.runtime.next_cell_id, [conclude("failure", unknown ? "cancelled as asked" : "cell 1 was not cancelled")]);
       });
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "c", model, workDir: t.dir, limits: fast });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "c", model, workDir: t.dir, limits: fast }, async (h) => {
         const s = await h.start({ goal: "g", cwd: t.dir });
         for (let i = 0; i < 2400 && !existsSync(marker); i++) await new Promise((r) => setTimeout(r, 25));
         await h.post(s, { id: "please-cancel", kind: "nudge", payload: null });
@@ -81,9 +78,7 @@ describe("control notes", () => {
         assert.equal(h.session(s)!.controls.get(2)?.outcome, "stopped");
         await new Promise((r) => setTimeout(r, 300));
         assert.equal(existsSync(after), false, "the process group was stopped");
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -100,8 +95,7 @@ describe("control notes", () => {
         if (r === 3) return adds(3, 4, [note("the cell was stopped; nothing to redo", { role: "resolution", target_cell_id: 1, evidence_refs: ["cell:3"] }), conclude("success", "resolved")]);
         return adds(r, req.state.runtime.next_cell_id, [conclude("failure", "unexpected")]);
       });
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "c", model, workDir: t.dir, limits: fast });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "c", model, workDir: t.dir, limits: fast }, async (h) => {
         const s = await h.start({ goal: "g", cwd: t.dir });
         await new Promise((r) => setTimeout(r, 300));
         await h.post(s, { id: "go", kind: "nudge", payload: null });
@@ -111,9 +105,7 @@ describe("control notes", () => {
         assert.equal(ex.result, "UnknownExecution", "the original uncertainty stays in history");
         assert.equal(ex.resolved_by, 4);
         assert.equal(h.inspect().sessions[0]!.unresolved_unknown.length, 0);
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -153,15 +145,12 @@ describe("inbox", () => {
     const t = tempDir();
     try {
       const model = modelOf(() => adds(0, 1, [cmd("sleep", "5")]));
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "c", model, workDir: t.dir, limits: { ...fast, inboxLimit: 2 } });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "c", model, workDir: t.dir, limits: { ...fast, inboxLimit: 2 } }, async (h) => {
         const s = await h.start({ goal: "g", cwd: t.dir });
         await h.post(s, { id: "a", kind: "k", payload: 1 });
         await h.post(s, { id: "b", kind: "k", payload: 2 });
         await assert.rejects(h.post(s, { id: "c", kind: "k", payload: 3 }), (e: Error & { code?: string; reason?: string; retryable?: boolean }) => e.code === "rejected" && e.reason === "backlog_full" && e.retryable === true && /retry later/.test(e.message));
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -197,15 +186,12 @@ describe("budgets", () => {
     const t = tempDir();
     try {
       const model = modelOf((req) => adds(req.state.revision, req.state.runtime.next_cell_id, [cmd("true")]));
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "b", model, workDir: t.dir, limits: fast });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "b", model, workDir: t.dir, limits: fast }, async (h) => {
         const s = await h.start({ goal: "g", cwd: t.dir, budgets: { max_tokens: 250 } });
         const out = await h.wait(s);
         assert.match(out.reason, /token budget of 250 is exhausted \(330 used\)/);
         assert.equal(model.calls.length, 3);
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -228,9 +214,12 @@ describe("timers", () => {
       // The timer command is a real process (tsx start-up can take seconds on a loaded machine): a
       // generous guard, since revision 2 needs the command to have finished (registration first).
       for (let i = 0; i < 2400 && h.session(s)!.state.revision < 2; i++) await new Promise((r) => setTimeout(r, 25));
-      assert.equal(h.session(s)!.timers.get("later")?.fired, false);
+      const later = h.session(s)!.timers.get("later");
+      assert.equal(later?.fired, false);
       await h.close();
-      await new Promise((r) => setTimeout(r, 4500)); // the timer falls due while nobody owns the run
+      // The timer falls due while nobody owns the run: wait past its due time (the registration may
+      // have come seconds after `--in 4s` was asked, on a loaded machine), not a fixed 4.5 s.
+      await new Promise((r) => setTimeout(r, Math.max(0, Date.parse(later!.due_at) - Date.now()) + 250));
       h = await Harness.open({ storage: createSqliteStorage({ dataDir: t.dir }), name: "t", model, workDir: t.dir, limits: fast });
       try {
         await h.resume();

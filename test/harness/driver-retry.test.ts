@@ -1,7 +1,7 @@
 // A session whose driver failed on a commit (refused or failed before it was sent) is driven again
 // after a back-off, without a resume: a long-lived worker (`cairn serve`) never leaves it wedged.
-// Found by the nemesis (seed 20261203): a commit fault on a run's first `turn_prepared` left that run
-// at `session_created` for the rest of the worker's life while its other runs finished.
+// Without the re-drive, a commit fault on a run's first `turn_prepared` would leave that run at
+// `session_created` for the rest of the worker's life while its other runs finished.
 import { describe, it } from "node:test";
 import assert from "node:assert/strict";
 import { Harness } from "../../src/harness/harness.js";
@@ -9,6 +9,7 @@ import type { FaultPoint } from "../../src/storage/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { adds, cmd, conclude, scripted, tempDir } from "./support.js";
 import { until } from "../support/wait.js";
+import { withHarness } from "../support/harness.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 
@@ -28,8 +29,7 @@ describe("session driver after a failed commit", () => {
       }
     };
     const model = scripted([adds(0, 1, [cmd("true")]), adds(1, 2, [conclude("success")])]);
-    const h = await Harness.open({ storage: createMemoryStorage({ faults }), name: "r", model, workDir: t.dir, limits: fast });
-    try {
+    await withHarness({ storage: createMemoryStorage({ faults }), name: "r", model, workDir: t.dir, limits: fast }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir });
       await until("the run to end", () => h.session(s)!.terminal !== null);
       assert.deepEqual(failed, [2], "the fault was injected once");
@@ -37,10 +37,7 @@ describe("session driver after a failed commit", () => {
       assert.equal(p.terminal!.result, "success", p.terminal!.reason);
       assert.equal(p.executions.get(1)!.result, "success");
       assert.equal(p.turn_count, 2, "two rounds: the failed pass repeated nothing");
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 
   it("a closed harness cancels the pending retry (no pass after close)", async () => {

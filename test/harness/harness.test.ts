@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { Harness } from "../../src/harness/harness.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { adds, cmd, conclude, note, scripted, tempDir } from "./support.js";
+import { withHarness } from "../support/harness.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20 };
 
@@ -19,8 +20,7 @@ describe("Harness on the memory adapter", () => {
         adds(2, 5, [conclude("success")]),
         adds(3, 6, [conclude("success", "again")]),
       ]);
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast }, async (h) => {
         const s = await h.start({ goal: "write two lines", cwd: t.dir, validators: [["test", "-f", effect]] });
         const out = await h.wait(s);
         assert.equal(out.result, "success", out.reason);
@@ -30,9 +30,7 @@ describe("Harness on the memory adapter", () => {
         assert.equal(sess.status, "success");
         assert.deepEqual(sess.executions.map((e) => [e.cell_id, e.result]), [[2, "success"], [3, "success"]]);
         assert.equal(sess.unresolved_unknown.length, 0);
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -42,8 +40,7 @@ describe("Harness on the memory adapter", () => {
     const t = tempDir();
     try {
       const model = scripted([adds(0, 1, [conclude("success")]), adds(1, 2, [conclude("failure", "cannot pass")])]);
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast }, async (h) => {
         const s = await h.start({ goal: "g", cwd: t.dir, validators: [["false"]] });
         const out = await h.wait(s);
         assert.equal(out.result, "failure");
@@ -52,9 +49,7 @@ describe("Harness on the memory adapter", () => {
         assert.match(sp.controls.get(1)!.detail, /validator `false` failed/);
         const obs = sp.observations.get("control:1");
         assert.ok(obs, "the refusal reached the model as an observation");
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -70,8 +65,7 @@ describe("Harness on the memory adapter", () => {
         adds(1, 3, [note("saw the error")]),
         adds(2, 4, [conclude("success")]),
       ]);
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast }, async (h) => {
         const s = await h.start({ goal: "g", cwd: t.dir });
         const out = await h.wait(s);
         assert.equal(out.result, "success", out.reason);
@@ -80,9 +74,7 @@ describe("Harness on the memory adapter", () => {
         const secondStarted = sp.executions.get(2)!.started!.seq;
         const accepted = sp.turns.get(`${s}:t2`)!.accepted!.seq;
         assert.ok(errFinished < accepted && accepted < secondStarted, `cell 2 started (seq ${secondStarted}) only after the round that saw the error (seq ${accepted})`);
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -92,8 +84,7 @@ describe("Harness on the memory adapter", () => {
     const t = tempDir();
     try {
       const model = scripted([adds(0, 1, [note("a")]), adds(1, 2, [note("b")]), adds(2, 3, [note("c")]), adds(3, 4, [note("d")])]);
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: { ...fast, maxIdle: 3 } });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: { ...fast, maxIdle: 3 } }, async (h) => {
         const s = await h.start({ goal: "g", cwd: t.dir });
         const out = await h.wait(s);
         assert.equal(out.result, "failure");
@@ -101,9 +92,7 @@ describe("Harness on the memory adapter", () => {
         const sp = h.session(s)!;
         assert.equal(sp.turn_count, 3);
         assert.ok(sp.observations.has("idle:1") && sp.observations.has("idle:3"));
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -123,8 +112,7 @@ describe("Harness on the memory adapter", () => {
           return { patch: adds(req.state.revision, 1, [conclude("failure", "stop")]), usage: { input_tokens: 10, output_tokens: 2 } };
         },
       };
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast }, async (h) => {
         const s = await h.start({ goal: "g", cwd: t.dir });
         await h.wait(s);
         assert.equal(calls, 2);
@@ -134,9 +122,7 @@ describe("Harness on the memory adapter", () => {
         assert.equal(u.attempts, 2);
         assert.equal(u.input_tokens, 20);
         assert.equal(u.unknown_usage_attempts, 0);
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -146,8 +132,7 @@ describe("Harness on the memory adapter", () => {
     const t = tempDir();
     try {
       const model = scripted([adds(0, 1, [cmd("sleep", "0.3")]), adds(1, 2, [note("got it")]), adds(2, 3, [conclude("failure", "end")])]);
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast }, async (h) => {
         const s = await h.start({ goal: "g", cwd: t.dir });
         assert.deepEqual(await h.post(s, { id: "ci-1", kind: "ci", payload: { ok: true } }), { duplicate: false });
         assert.deepEqual(await h.post(s, { id: "ci-1", kind: "ci", payload: { ok: true } }), { duplicate: true });
@@ -155,9 +140,7 @@ describe("Harness on the memory adapter", () => {
         await assert.rejects(h.post(s, { id: "execution:1", kind: "x", payload: null }), /reserved/);
         await h.wait(s);
         assert.ok(h.session(s)!.consumed.has("ci-1"));
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -173,8 +156,7 @@ describe("Harness on the memory adapter", () => {
         adds(1, 2, [note("timer registered")]),
         adds(2, 3, [conclude("failure", "woke up")]),
       ]);
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast }, async (h) => {
         const s = await h.start({ goal: "g", cwd: process.cwd() });
         const out = await h.wait(s);
         assert.match(out.reason, /woke up/);
@@ -182,9 +164,7 @@ describe("Harness on the memory adapter", () => {
         assert.equal(sp.executions.get(1)?.result, "success", sp.executions.get(1)?.output_tail);
         assert.equal(sp.timers.get("wake")?.fired, true);
         assert.ok(sp.consumed.has("timer:wake"));
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }
@@ -236,16 +216,13 @@ describe("harness edges", () => {
           return { patch: adds(req.state.revision, 1, [conclude("failure", "third time")]), usage: null };
         },
       };
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast });
-      try {
+      await withHarness({ storage: createMemoryStorage(), name: "h1", model, workDir: t.dir, limits: fast }, async (h) => {
         const out = await h.wait(await h.start({ goal: "g", cwd: t.dir }));
         assert.match(out.reason, /third time/);
         const u = h.session("s1")!.state.runtime.usage;
         assert.equal(u.attempts, 3);
         assert.equal(u.unknown_usage_attempts, 3, "no usage was reported for any attempt");
-      } finally {
-        await h.close();
-      }
+      });
     } finally {
       t.cleanup();
     }

@@ -1,5 +1,5 @@
 /**
- * The cell keeper wired into a real owner: a harness process on sqlite (the owner lease of issue 14)
+ * The cell keeper wired into a real owner: a harness process on sqlite (with its liveness lease)
  * launches a long cell, and is then frozen with SIGSTOP, so it cannot stop the cell itself when its
  * lease runs out. The cell must die anyway, while the owner is still frozen: the harness handed the
  * cell's process group to its keeper (src/harness/lease.ts), which kills it at the lease deadline.

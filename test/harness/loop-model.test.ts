@@ -8,11 +8,11 @@ import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { describe, it } from "node:test";
-import { Harness } from "../../src/harness/harness.js";
 import { event, identity, turnId, type NewEvent } from "../../src/state/events.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { LoopModel } from "../../chaos/support/loop-model.js";
 import { tempDir } from "./support.js";
+import { withHarness } from "../support/harness.js";
 
 describe("LoopModel", () => {
   it("resolves an UnknownExecution left by a stopped worker, then concludes success", async () => {
@@ -39,14 +39,11 @@ describe("LoopModel", () => {
       await db.commit(events);
       await db.close();
 
-      const h = await Harness.open({ storage, name: "loop", model: new LoopModel(2), workDir: join(t.dir, "work") });
-      try {
+      await withHarness({ storage, name: "loop", model: new LoopModel(2), workDir: join(t.dir, "work") }, async (h) => {
         await h.resume();
         const outcome = await h.wait(s);
         assert.equal(outcome.result, "success", outcome.reason);
-      } finally {
-        await h.close();
-      }
+      });
       const log = await (async () => {
         const r = await storage.open("loop");
         try {

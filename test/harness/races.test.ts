@@ -1,5 +1,5 @@
 /**
- * Review: races in the Harness API (close, start, post, resume, validators) that the happy-path
+ * Races in the Harness API (close, start, post, resume, validators) that the happy-path
  * tests do not reach. Each test names the guarantee it checks.
  */
 import { describe, it } from "node:test";
@@ -14,6 +14,7 @@ import type { Database, Storage } from "../../src/storage/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { adds, cmd, conclude, note, scripted, tempDir } from "./support.js";
 import { sleep, until } from "../support/wait.js";
+import { withHarness } from "../support/harness.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 
@@ -73,7 +74,7 @@ function holdStartedCommit(inner: Storage): { storage: Storage; reached: Promise
   return { storage, reached, release };
 }
 
-describe("review: close and launch", () => {
+describe("close and launch", () => {
   it("close() while the execution_started commit is in flight: no cell code runs after close() returns", async () => {
     const t = tempDir();
     const effect = join(t.dir, "effect");
@@ -100,7 +101,8 @@ describe("review: close and launch", () => {
     const pidFile = join(t.dir, "pid");
     // The cell ignores SIGTERM, so stopping it takes the executor's grace period before SIGKILL.
     const model = scripted([adds(0, 1, [cmd("sh", "-c", `trap '' TERM; echo $$ > ${pidFile}; sleep 30`)])]);
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast });
+    // Without a sandbox, so that the pid the cell writes is this host's.
+    const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast, sandbox: { mode: "none" } });
     let first: Promise<void> | null = null;
     try {
       await h.start({ goal: "g", cwd: t.dir });
@@ -117,36 +119,28 @@ describe("review: close and launch", () => {
   });
 });
 
-describe("review: concurrent callers", () => {
+describe("concurrent callers", () => {
   it("two concurrent start() calls create two sessions", async () => {
     const t = tempDir();
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model: quitter, workDir: t.dir, limits: fast });
-    try {
+    await withHarness({ storage: createMemoryStorage(), name: "r", model: quitter, workDir: t.dir, limits: fast }, async (h) => {
       const r = await Promise.allSettled([h.start({ goal: "a", cwd: t.dir }), h.start({ goal: "b", cwd: t.dir })]);
       const failed = r.filter((x) => x.status === "rejected").map((x) => String((x as PromiseRejectedResult).reason));
       assert.deepEqual(failed, [], "a concurrent start() failed");
       const ids = r.map((x) => (x as PromiseFulfilledResult<string>).value);
       assert.notEqual(ids[0], ids[1]);
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 
   it("the same outside observation posted twice concurrently is delivered once and both calls succeed", async () => {
     const t = tempDir();
     const model = scripted([adds(0, 1, [cmd("sleep", "5")]), adds(1, 2, [conclude("failure")]), adds(2, 3, [conclude("failure")])]);
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast });
-    try {
+    await withHarness({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir });
       const obs = { id: "ci-1", kind: "ci", payload: { green: true } };
       const r = await Promise.allSettled([h.post(s, obs), h.post(s, obs)]);
       const failed = r.filter((x) => x.status === "rejected").map((x) => String((x as PromiseRejectedResult).reason));
       assert.deepEqual(failed, [], "duplicate delivery must be a no-op, not an error");
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 
   it("resume() called twice concurrently records one UnknownExecution and neither call fails", async () => {
@@ -157,7 +151,7 @@ describe("review: concurrent callers", () => {
     const s = await h1.start({ goal: "g", cwd: t.dir });
     await until("the cell to run", () => existsSync(marker));
     // A second owner on "another host": recovery records the cell without trying to stop it here.
-    const h2 = await Harness.open({ storage, name: "r", model: quitter, workDir: t.dir, limits: fast, world: { ...defaultWorld(), host: "review-other-host" } });
+    const h2 = await Harness.open({ storage, name: "r", model: quitter, workDir: t.dir, limits: fast, world: { ...defaultWorld(), host: "other-host" } });
     try {
       await h1.close();
       const r = await Promise.allSettled([h2.resume(), h2.resume()]);
@@ -175,13 +169,12 @@ describe("review: concurrent callers", () => {
   });
 });
 
-describe("review: success conclusion", () => {
+describe("success conclusion", () => {
   it("an observation that arrives while the validators run is seen by the model before success is accepted", async () => {
     const t = tempDir();
     const marker = join(t.dir, "validating");
     const model = modelOf((req) => adds(req.state.revision, req.state.runtime.next_cell_id, [conclude("success", `round ${req.state.revision}`)]));
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast });
-    try {
+    await withHarness({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir, validators: [["sh", "-c", `touch ${marker}; sleep 1`]] });
       await until("the validator to start", () => existsSync(marker));
       await h.post(s, { id: "ci-red", kind: "ci", payload: { green: false } });
@@ -192,14 +185,11 @@ describe("review: success conclusion", () => {
         sp.consumed.has("ci-red"),
         `the run ended "${out.reason}" while observation ci-red (acknowledged by post()) was never delivered to the model (pending: ${sp.pending.join(", ")})`,
       );
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 });
 
-describe("review: the timer socket", () => {
+describe("the timer socket", () => {
   it("a second harness on the same database in the same process keeps a working timer socket after the first is fenced", async () => {
     const t = tempDir();
     const storage = createMemoryStorage();
@@ -224,7 +214,8 @@ describe("review: the timer socket", () => {
   it("close() does not hang when a client holds the timer socket open without sending a request", async () => {
     const t = tempDir();
     const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET"')]), adds(1, 2, [note("saw it")]), adds(2, 3, [conclude("failure", "end")])]);
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast });
+    // Without a sandbox: the test connects to the socket's host path.
+    const h = await Harness.open({ storage: createMemoryStorage(), name: "r", model, workDir: t.dir, limits: fast, sandbox: { mode: "none" } });
     let client: Socket | null = null;
     try {
       const s = await h.start({ goal: "g", cwd: t.dir });

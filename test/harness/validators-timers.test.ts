@@ -1,5 +1,5 @@
 /**
- * Review: validators that hang, the storage mailbox under a full inbox, and timer registrations that
+ * Validators that hang, the storage mailbox under a full inbox, and timer registrations that
  * race.
  */
 import { describe, it } from "node:test";
@@ -13,6 +13,7 @@ import type { Model, ModelRequest } from "../../src/model/contract.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { adds, cmd, conclude, note, scripted, tempDir } from "./support.js";
 import { sleep, until } from "../support/wait.js";
+import { withHarness } from "../support/harness.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 
@@ -25,7 +26,7 @@ function processesMatching(pattern: string): string[] {
   }
 }
 
-describe("review: validators", () => {
+describe("validators", () => {
   it("a validator's wall-time limit bounds it even when its child keeps running, and the child is stopped", async () => {
     const t = tempDir();
     const tag = `sleep 19.${process.pid}`;
@@ -50,7 +51,7 @@ describe("review: validators", () => {
   });
 });
 
-describe("review: the storage mailbox", () => {
+describe("the storage mailbox", () => {
   it("a full inbox in one session does not hold back mailbox messages for another session", async () => {
     const t = tempDir();
     const storage = createMemoryStorage();
@@ -62,8 +63,7 @@ describe("review: the storage mailbox", () => {
           ? new Promise((_r, reject) => req.signal?.addEventListener("abort", () => reject(new Error("aborted"))))
           : Promise.resolve({ patch: req.state.revision === 0 ? adds(0, 1, [cmd("sleep", "20")]) : adds(req.state.revision, req.state.runtime.next_cell_id, [note("ok")]), usage: null }),
     };
-    const h = await Harness.open({ storage, name: "mb", model, workDir: t.dir, limits: { ...fast, inboxLimit: 1 } });
-    try {
+    await withHarness({ storage, name: "mb", model, workDir: t.dir, limits: { ...fast, inboxLimit: 1 } }, async (h) => {
       const s1 = await h.start({ goal: "one", cwd: t.dir });
       const s2 = await h.start({ goal: "two", cwd: t.dir });
       await until("both sessions to be busy", () => h.session(s1)!.open_turn !== null && h.session(s2)!.executions.get(1)?.phase === "started");
@@ -72,10 +72,7 @@ describe("review: the storage mailbox", () => {
       await storage.post("mb", { id: "for-s2", session: s2, kind: "k", payload: 3, at: new Date().toISOString() });
       await sleep(1000);
       assert.ok(h.session(s2)!.observations.has("for-s2"), "s2's message waits behind s1's, for as long as s1's inbox stays full");
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 });
 
@@ -117,21 +114,21 @@ describe("the storage mailbox after a full inbox drains", () => {
   });
 });
 
-describe("review: timers", () => {
+describe("timers", () => {
   it("two concurrent registrations of the same timer id both succeed and register it once", async () => {
     const t = tempDir();
-    const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET"; sleep 5')]), adds(1, 2, [conclude("failure", "end")])]);
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast });
-    try {
+    const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET $CAIRN_CELL_TOKEN"; sleep 5')]), adds(1, 2, [conclude("failure", "end")])]);
+    // Without a sandbox: this test speaks for the cell from outside, so it needs the socket's host path.
+    await withHarness({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast, sandbox: { mode: "none" } }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir });
       await until("the socket path", () => (h.session(s)?.executions.get(1)?.output_tail ?? "").includes("\n"));
-      const path = h.session(s)!.executions.get(1)!.output_tail.trim();
+      const [path, token] = h.session(s)!.executions.get(1)!.output_tail.trim().split(" ") as [string, string];
       const ask = () =>
         new Promise<{ ok: boolean; error?: string }>((resolve, reject) => {
           const c = connect(path);
           let buf = "";
           c.setEncoding("utf8");
-          c.on("connect", () => c.write(JSON.stringify({ session: s, cell: 1, timer_id: "wake:1", delay_seconds: 3600 }) + "\n"));
+          c.on("connect", () => c.write(JSON.stringify({ token, timer_id: "wake:1", delay_seconds: 3600 }) + "\n"));
           c.on("data", (d: string) => (buf += d));
           c.on("end", () => resolve(JSON.parse(buf) as { ok: boolean; error?: string }));
           c.on("error", reject);
@@ -143,25 +140,22 @@ describe("review: timers", () => {
         `a retried registration (same id) must be idempotent: ${replies.map((r) => r.error ?? "ok").join(" | ")}`,
       );
       assert.equal(h.session(s)!.timers.size, 1);
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 
-  it("a timer id with odd characters and a 10-year delay is registered, shown, and does not fire early (confirmed good)", async () => {
+  it("a timer id with odd characters and a 10-year delay is registered, shown, and does not fire early", async () => {
     const t = tempDir();
-    const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET"; sleep 1')]), adds(1, 2, [note("waiting")]), adds(2, 3, [conclude("failure", "end")])]);
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast });
-    try {
+    const model = scripted([adds(0, 1, [cmd("sh", "-c", 'echo "$CAIRN_TIMER_SOCKET $CAIRN_CELL_TOKEN"; sleep 3')]), adds(1, 2, [note("waiting")]), adds(2, 3, [conclude("failure", "end")])]);
+    // Without a sandbox: this test speaks for the cell from outside, so it needs the socket's host path.
+    await withHarness({ storage: createMemoryStorage(), name: "tm", model, workDir: t.dir, limits: fast, sandbox: { mode: "none" } }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir });
       await until("the socket path", () => (h.session(s)?.executions.get(1)?.output_tail ?? "").includes("\n"));
-      const path = h.session(s)!.executions.get(1)!.output_tail.trim();
+      const [path, token] = h.session(s)!.executions.get(1)!.output_tail.trim().split(" ") as [string, string];
       const reply = await new Promise<{ ok: boolean; due_at?: string }>((resolve, reject) => {
         const c = connect(path);
         let buf = "";
         c.setEncoding("utf8");
-        c.on("connect", () => c.write(JSON.stringify({ session: s, timer_id: "a.b_c:d-e", delay_seconds: 10 * 365 * 86400 }) + "\n"));
+        c.on("connect", () => c.write(JSON.stringify({ token, timer_id: "a.b_c:d-e", delay_seconds: 10 * 365 * 86400 }) + "\n"));
         c.on("data", (d: string) => (buf += d));
         c.on("end", () => resolve(JSON.parse(buf) as { ok: boolean }));
         c.on("error", reject);
@@ -172,9 +166,6 @@ describe("review: timers", () => {
       assert.ok(timer);
       assert.equal(timer.fired, false);
       assert.equal(h.inspect().sessions[0]!.timers.length, 1);
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 });

@@ -5,13 +5,13 @@
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { Harness } from "../../src/harness/harness.js";
 import type { HarnessWorld } from "../../src/harness/world.js";
 import { defaultWorld } from "../../src/harness/world.js";
 import { MAX_REASON_CHARS } from "../../src/state/admission.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { tempDir } from "../harness/support.js";
 import { addCell, modelOf, nested, rev } from "./support.js";
+import { withHarness } from "../support/harness.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 const HANG_GUARD_MS = 60_000;
@@ -33,8 +33,7 @@ async function refusedThenConcluded(bad: (revision: number, nextId: number) => u
     if (call === 1) return bad(r, id);
     return [rev(r), addCell({ id, previous_id: null, kind: "note", role: "conclusion", result: "failure", text: "gave up after the refusal" })];
   });
-  const h = await Harness.open({ storage: createMemoryStorage(), name: "hostile", model, workDir: t.dir, limits: fast });
-  try {
+  return await withHarness({ storage: createMemoryStorage(), name: "hostile", model, workDir: t.dir, limits: fast }, async (h) => {
     const s = await h.start({ goal: "g", cwd: t.dir });
     const out = await guard(h.wait(s), "the run");
     assert.equal(out.result, "failure");
@@ -45,10 +44,7 @@ async function refusedThenConcluded(bad: (revision: number, nextId: number) => u
     assert.ok(rej.reason.length <= MAX_REASON_CHARS, `reason of ${rej.reason.length} characters`);
     assert.ok(model.calls[1]?.rejection !== undefined, "the model was shown the refusal");
     return { rejection: rej, session: h.session(s)! };
-  } finally {
-    await h.close();
-    t.cleanup();
-  }
+  }).finally(() => t.cleanup());
 }
 
 describe("hostile model replies are refused with a bounded reason, and the run goes on", () => {
@@ -102,8 +98,7 @@ describe("an execution that cannot start", () => {
       if (one === undefined) return [rev(r), addCell({ id, previous_id: null, kind: "cmd", argv: ["true"] })];
       return [rev(r), addCell({ id, previous_id: null, kind: "note", role: "conclusion", result: "failure", text: `cell 1 ended ${one.result}` })];
     });
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "nostart", model, workDir: t.dir, world, limits: fast });
-    try {
+    await withHarness({ storage: createMemoryStorage(), name: "nostart", model, workDir: t.dir, world, limits: fast }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir });
       const out = await guard(h.wait(s), "the run");
       assert.match(out.reason, /cell 1 ended error/);
@@ -112,10 +107,7 @@ describe("an execution that cannot start", () => {
       assert.equal(ex.result, "error");
       assert.equal(ex.started, null, "it never started, so it is not uncertain");
       assert.match(ex.detail ?? "", /could not be started: a bug in the launch path/);
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 });
 
@@ -133,8 +125,7 @@ describe("a bug in one session never stops the others", () => {
     const faults = (point: string, d: { session: string }) => {
       if (point === "patch:committed" && d.session === "s1" && broken) throw new TypeError("a bug that only session s1 hits");
     };
-    const h = await Harness.open({ storage, name: "iso", model, workDir: t.dir, limits: fast, faults });
-    try {
+    await withHarness({ storage, name: "iso", model, workDir: t.dir, limits: fast, faults }, async (h) => {
       const s1 = await h.start({ goal: "one", cwd: t.dir });
       const s2 = await h.start({ goal: "two", cwd: t.dir });
       const [r1, r2] = await guard(Promise.allSettled([h.wait(s1), h.wait(s2)]), "both runs");
@@ -142,20 +133,14 @@ describe("a bug in one session never stops the others", () => {
       assert.equal(r2.status, "fulfilled");
       if (r2.status === "fulfilled") assert.match(r2.value.reason, /s2 concluded/);
       assert.equal(h.status, "open", "the harness is still open");
-    } finally {
-      await h.close();
-    }
+    });
     broken = false;
-    const again = await Harness.open({ storage, name: "iso", model, workDir: t.dir, limits: fast, faults });
-    try {
+    await withHarness({ storage, name: "iso", model, workDir: t.dir, limits: fast, faults }, async (again) => {
       // s1 stopped where its bug hit (a later wake-up may have moved it on); resume finishes it.
       await again.resume();
       const out = await guard(again.wait("s1"), "the resumed run");
       assert.match(out.reason, /s1 concluded/);
       assert.equal(again.session("s2")!.terminal?.reason.includes("s2 concluded"), true);
-    } finally {
-      await again.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 });

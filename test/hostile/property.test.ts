@@ -1,5 +1,5 @@
 /**
- * Issue 10: random and adversarial patches and argv (fast-check, seeded; the seed is printed) through
+ * Random and adversarial patches and argv (fast-check, seeded; the seed is printed) through
  * admission, the executor and whole runs. Whatever comes in is admitted and runs, or is refused with a
  * bounded reason; admission never throws; a launch always settles; every run ends terminal or waits on
  * the model, never in a state `resume` cannot move.
@@ -10,12 +10,12 @@ import fc from "fast-check";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { createExecutor } from "../../src/exec/executor.js";
-import { Harness } from "../../src/harness/harness.js";
 import { admit, MAX_REASON_CHARS } from "../../src/state/admission.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { collector, tempDir } from "../exec/helpers.js";
 import { makeCtx } from "../state/helpers.js";
 import { modelOf, nested } from "./support.js";
+import { withHarness } from "../support/harness.js";
 
 const seed = process.env["FC_SEED"] !== undefined ? Number(process.env["FC_SEED"]) : Date.now() % 2_147_483_647;
 console.log(`property seed: ${seed} (re-run with FC_SEED=${seed})`);
@@ -123,8 +123,7 @@ describe("whole runs with a hostile model", () => {
           }
           return [{ op: "test", path: "/revision", value: r }, { op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "note", role: "conclusion", result: "failure", text: "end" } }];
         });
-        const h = await Harness.open({ storage: createMemoryStorage(), name: "p", model, workDir: t.dir, limits: { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200, executionWallTimeMs: 20_000, maxAttemptsPerTurn: 10 } });
-        try {
+        await withHarness({ storage: createMemoryStorage(), name: "p", model, workDir: t.dir, limits: { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200, executionWallTimeMs: 20_000, maxAttemptsPerTurn: 10 } }, async (h) => {
           const s = await h.start({ goal: "g", cwd: t.dir });
           let guard: NodeJS.Timeout | undefined;
           const out = await Promise.race([h.wait(s), new Promise<null>((r) => (guard = setTimeout(() => r(null), 60_000)))]).finally(() => clearTimeout(guard));
@@ -132,10 +131,7 @@ describe("whole runs with a hostile model", () => {
           assert.ok(out.result === "failure" || out.result === "success");
           const sp = h.session(s)!;
           for (const ex of sp.executions.values()) assert.equal(ex.phase, "finished", `cell ${ex.cell_id} left ${ex.phase}`);
-        } finally {
-          await h.close();
-          t.remove();
-        }
+        }).finally(() => t.remove());
       }),
       { seed, numRuns: 12 },
     );

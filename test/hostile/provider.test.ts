@@ -5,7 +5,6 @@
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { Harness } from "../../src/harness/harness.js";
 import { RunBlocked } from "../../src/harness/model-retry.js";
 import { defaultWorld, type HarnessWorld } from "../../src/harness/world.js";
 import { createModel } from "../../src/model/providers.js";
@@ -13,6 +12,7 @@ import { Metrics } from "../../src/observability/metrics.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { tempDir } from "../harness/support.js";
 import { errorReply, revisionOf, startProvider, stepReply } from "./provider-server.js";
+import { withHarness } from "../support/harness.js";
 
 const conclusion = (revision: number) => [
   { op: "test", path: "/revision", value: revision },
@@ -53,8 +53,7 @@ describe("a flaky provider", () => {
       return v.now() < recoverAt ? errorReply(429, { "retry-after": "20" }) : stepReply(conclusion(revisionOf(req.body)));
     });
     const model = createModel("anthropic/claude-test", { env: { ANTHROPIC_API_KEY: "sk-test-key", ANTHROPIC_BASE_URL: server.url } });
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "flaky", model, workDir: t.dir, world: v.world, limits: { outputFlushMs: 20 } });
-    try {
+    await withHarness({ storage: createMemoryStorage(), name: "flaky", model, workDir: t.dir, world: v.world, limits: { outputFlushMs: 20 } }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir });
       const out = await guard(h.wait(s), "the run");
       assert.equal(out.result, "success", out.reason);
@@ -69,11 +68,10 @@ describe("a flaky provider", () => {
       assert.ok(v.sleeps.every((ms) => ms >= 20_000), `backoffs ${v.sleeps.join(", ")}`);
       const usage = h.session(s)!.state.runtime.usage;
       assert.equal(usage.attempts, seen.length, "each attempt is recorded");
-    } finally {
-      await h.close();
+    }).finally(async () => {
       await server.close();
       t.cleanup();
-    }
+    });
   });
 
   it("a provider still failing past the retry budget parks the run as blocked; resume after recovery finishes it", async () => {
@@ -84,9 +82,8 @@ describe("a flaky provider", () => {
     const model = createModel("anthropic/claude-test", { env: { ANTHROPIC_API_KEY: "sk-test-key", ANTHROPIC_BASE_URL: server.url } });
     const storage = createMemoryStorage();
     const metrics = new Metrics({ defaultMetrics: false });
-    const h = await Harness.open({ storage, name: "budget", model, workDir: t.dir, world: v.world, metrics, limits: { outputFlushMs: 20, modelRetryBudgetMs: 60_000 } });
     let s = "";
-    try {
+    await withHarness({ storage, name: "budget", model, workDir: t.dir, world: v.world, metrics, limits: { outputFlushMs: 20, modelRetryBudgetMs: 60_000 } }, async (h) => {
       s = await h.start({ goal: "g", cwd: t.dir });
       const err = await guard(h.wait(s).then(() => null, (e: unknown) => e), "the run");
       assert.ok(err instanceof RunBlocked, `expected RunBlocked, got ${String(err)}`);
@@ -97,21 +94,17 @@ describe("a flaky provider", () => {
       assert.match(await metrics.registry.metrics(), /cairn_runs_blocked 1/);
       // Backoff grows and is jittered (never more than the cap), and the budget bounds it.
       assert.ok(v.sleeps.length >= 3 && v.sleeps.every((ms) => ms >= 0 && ms <= 60_000), `backoffs ${v.sleeps.join(", ")}`);
-    } finally {
-      await h.close();
-    }
+    });
     up = true;
-    const again = await Harness.open({ storage, name: "budget", model, workDir: t.dir, world: v.world, limits: { outputFlushMs: 20 } });
-    try {
+    await withHarness({ storage, name: "budget", model, workDir: t.dir, world: v.world, limits: { outputFlushMs: 20 } }, async (again) => {
       const r = await again.resume();
       assert.deepEqual(r.sessions, [s]);
       const out = await guard(again.wait(s), "the resumed run");
       assert.equal(out.result, "success", out.reason);
       assert.equal(again.inspect(s).sessions[0]!.blocked, null);
-    } finally {
-      await again.close();
+    }).finally(async () => {
       await server.close();
       t.cleanup();
-    }
+    });
   });
 });

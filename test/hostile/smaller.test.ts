@@ -5,12 +5,12 @@
  */
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { Harness } from "../../src/harness/harness.js";
 import { checkOutsideObservation, MAX_PAYLOAD_SIZE } from "../../src/harness/observations.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { tempDir } from "../harness/support.js";
 import { addCell, modelOf, nested, rev } from "./support.js";
 import { until } from "../support/wait.js";
+import { withHarness } from "../support/harness.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 
@@ -20,8 +20,7 @@ describe("mailbox messages refused at drain time", () => {
     const t = tempDir();
     const storage = createMemoryStorage();
     const model = modelOf((req) => [rev(req.state.revision), addCell({ id: req.state.runtime.next_cell_id, previous_id: null, kind: "note", role: "conclusion", result: "failure", text: "over" })]);
-    const h = await Harness.open({ storage, name: "mb", model, workDir: t.dir, limits: fast });
-    try {
+    await withHarness({ storage, name: "mb", model, workDir: t.dir, limits: fast }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir });
       const s2 = await h.start({ goal: "other", cwd: t.dir });
       await h.wait(s);
@@ -33,10 +32,7 @@ describe("mailbox messages refused at drain time", () => {
       assert.equal(r.id, "late");
       assert.equal(r.code, "ended");
       assert.match(r.reason, /has ended/);
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 });
 
@@ -51,8 +47,7 @@ describe("Harness.submit", () => {
       patches.push(p);
       return p;
     });
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "sub", model, workDir: t.dir, limits: { ...fast, maxIdle: 5 } });
-    try {
+    await withHarness({ storage: createMemoryStorage(), name: "sub", model, workDir: t.dir, limits: { ...fast, maxIdle: 5 } }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir });
       await h.wait(s);
       const first = await h.submit(s, `${s}:t1`, patches[0]);
@@ -65,10 +60,7 @@ describe("Harness.submit", () => {
       assert.deepEqual(second.receipt.newCells.map((c) => c.id), [3]);
       assert.deepEqual(second.receipt.removedIds, [2]);
       assert.deepEqual([...second.receipt.consumed], [...h.session(s)!.turns.get(`${s}:t2`)!.accepted!.consumed]);
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 });
 
@@ -84,15 +76,11 @@ describe("posted payloads", () => {
 
   it("Harness.post refuses a payload over the size bound, or nested too deeply, with one sentence", async () => {
     const t = tempDir();
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "pl", model: { name: "hangs", step: () => new Promise(() => undefined) }, workDir: t.dir, limits: fast });
-    try {
+    await withHarness({ storage: createMemoryStorage(), name: "pl", model: { name: "hangs", step: () => new Promise(() => undefined) }, workDir: t.dir, limits: fast }, async (h) => {
       const s = await h.start({ goal: "g", cwd: t.dir });
       await assert.rejects(h.post(s, { id: "big", kind: "k", payload: "x".repeat(MAX_PAYLOAD_SIZE + 1) }), /larger than 65536 characters/);
       await assert.rejects(h.post(s, { id: "deep", kind: "k", payload: nested(50_000) as never }), /nested more than 32 levels/);
       assert.deepEqual(await h.post(s, { id: "fine", kind: "k", payload: { ok: true } }), { duplicate: false });
-    } finally {
-      await h.close();
-      t.cleanup();
-    }
+    }).finally(() => t.cleanup());
   });
 });

@@ -60,8 +60,8 @@ test("readyz mode waits for the printed URL to answer 200 before measuring, and 
 });
 
 test("the default command (`cairn serve` on a new sqlite database) gets ready, is measured, and exits 0 on SIGTERM", async () => {
-  // Until December 5 the default lacked --create, so `npm run bench -- idle` failed at once: serve
-  // refuses a database that does not exist.
+  // The default must pass --create: serve refuses a database that does not exist, and
+  // `npm run bench -- idle` would fail at once.
   const r = await measureIdle({ seconds: 1, settleSeconds: 0 });
   assert.ok(r.wallSeconds >= 1, `measured ${r.wallSeconds}s`);
   assert.equal(r.exitCode, 0);

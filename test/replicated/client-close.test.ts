@@ -1,6 +1,6 @@
 /**
  * Closing an etcd client leaves nothing that keeps the process alive, whatever state its watches are
- * in (router.ts `closeEtcdClient`), on a real 3-member cluster.
+ * in (client.ts `closeEtcdClient`), on a real 3-member cluster.
  *
  * Found by CI (stop 30): a process that closed its storage after a quorum loss was still running
  * 10 s later, kept alive by etcd3's watch reconnect timers. `Etcd3.close()` leaves the client's watch
@@ -15,12 +15,13 @@ import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
 import { describe, it } from "node:test";
 import { clusterSuite, eventually, untilQuorum } from "./helpers.js";
-import { Router, memberClientOptions } from "../../storage-adapters/replicated/router.js";
+import { Router } from "../../storage-adapters/replicated/router.js";
+import { clientOptions } from "../../storage-adapters/replicated/client.js";
 import { ResilientWatch } from "../../storage-adapters/replicated/watch.js";
 import type { Context } from "../../storage-adapters/replicated/context.js";
 import { exitAfterTests } from "../support/exit.js";
 
-const ROUTER = new URL("../../storage-adapters/replicated/router.ts", import.meta.url).pathname;
+const CLIENT = new URL("../../storage-adapters/replicated/client.ts", import.meta.url).pathname;
 
 /** How long after its close a child may take to exit (a hang guard: it exits in well under a second). */
 const EXIT_MS = 8000;
@@ -34,8 +35,8 @@ function script(plain: boolean, cancel: boolean): string {
   return `
 import { Etcd3 } from "etcd3";
 import { createInterface } from "node:readline";
-const { memberClientOptions, closeEtcdClient } = await import(${JSON.stringify(ROUTER)});
-const client = new Etcd3({ ...memberClientOptions({}), hosts: [process.argv[1]] });
+const { clientOptions, closeEtcdClient } = await import(${JSON.stringify(CLIENT)});
+const client = new Etcd3({ ...clientOptions({}), hosts: [process.argv[1]] });
 const w = await client.watch().key("client-close").create();
 w.on("disconnected", () => console.log("disconnected"));
 console.log("watching");
@@ -132,7 +133,7 @@ describe("closing an etcd client with watches in any state, and watches that lea
       const r = await run(script(false, false), c.endpoints[2]!, async (stdin, disconnected) => {
         await c.kill(2);
         // The stream fails at once (connection reset); once the child's watcher says so, the watch
-        // manager is in its reconnect loop (100 ms, doubling to 1 s: router.ts) on a dead member.
+        // manager is in its reconnect loop (retry.ts) on a dead member.
         await disconnected;
         await new Promise((res) => setTimeout(res, 500));
         stdin.write("close\n");
@@ -159,7 +160,7 @@ describe("closing an etcd client with watches in any state, and watches that lea
     const c = cluster();
     let unhealthy: string | null = null;
     const health = (url: string): boolean | undefined => (url === unhealthy ? false : undefined);
-    const router = new Router(c.endpoints, memberClientOptions({}), 500, health, 1500);
+    const router = new Router(c.endpoints, clientOptions({}), 500, health, 1500);
     const warnings: string[] = [];
     const ctx = {
       router,

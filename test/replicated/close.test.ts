@@ -1,11 +1,12 @@
 /**
  * Harness.close() / ReplicatedDatabase.close() during and right after a quorum loss, on a real
- * 3-member etcd cluster (written first as an adversarial review): close returns while a commit waits
+ * 3-member etcd cluster: close returns while a commit waits
  * for the lost quorum (members killed or frozen, close called twice beside Storage.close(), a printing
  * cell running), nothing acknowledged is lost, no cell runs twice, the next owner resumes the run, no
  * promise rejection goes unhandled, and the closing process exits by itself. Also: etcd revoking the
  * owner's lease under it (a bug of etcd before 3.5.13 does it to every lease when a paused leader
- * resumes): the owner kills its cell, stops and says why.
+ * resumes): the owner kills its cell, stops and says why. And a process whose only work is a commit
+ * waiting for the lost quorum stays alive until its receipt, then closes and leaves nothing running.
  */
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -61,7 +62,7 @@ class StreamModel implements Model {
  */
 const LIMIT_MS = 30_000;
 
-describe("review: close during and after a quorum loss", () => {
+describe("close during and after a quorum loss", () => {
   const suite = clusterSuite("close");
   const { dirs, make, cluster } = suite;
 
@@ -291,6 +292,60 @@ process.on("unhandledRejection", (e) => { console.log("unhandled " + String(e));
       assert.deepEqual(lines.filter((l) => l.startsWith("unhandled")), []);
       assert.notEqual(exited, null, "the child did not exit within 20 s of closing everything (leaked handles keep it alive)");
       assert.ok(exited! - closedAt >= 0);
+    } finally {
+      child.kill("SIGKILL");
+      cluster().signal(1, "SIGCONT");
+      cluster().signal(2, "SIGCONT");
+      await untilQuorum(cluster());
+    }
+  });
+
+  it("a process whose only work is a commit waiting for the lost quorum stays alive until its receipt; after close() it exits by itself, no socket or timer left", async () => {
+    const REPL = pathToFileURL(new URL("../../storage-adapters/replicated/index.ts", import.meta.url).pathname).href;
+    const script = `
+import { createInterface } from "node:readline";
+const { createReplicatedStorage } = await import(${JSON.stringify(REPL)});
+const [endpoints, dataDir] = process.argv.slice(1);
+process.on("unhandledRejection", (e) => console.log("unhandled " + String(e)));
+const s = createReplicatedStorage({ endpoints: endpoints.split(","), dataDir, attemptTimeoutMs: 500, commitTimeoutMs: 1500 });
+const db = await s.open("lifetime");
+console.log("opened");
+const rl = createInterface({ input: process.stdin });
+rl.once("line", async () => {
+  rl.close();
+  process.stdin.destroy();
+  const AT = "2025-01-02T03:04:05.678Z";
+  const r = await db.commit([{ identity: "life-1", kind: "timer_fired", session: "s1", at: AT, body: { timer_id: "t", due_at: AT, late_ms: 0 } }]);
+  console.log("receipt " + JSON.stringify(r));
+  await s.close();
+  console.log("closed");
+  setTimeout(() => console.log("left " + JSON.stringify(process.getActiveResourcesInfo().filter((r) => r !== "Timeout"))), 2000).unref();
+});
+`;
+    const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script, cluster().endpoints.join(","), `${dirs.dir}/life`], {
+      cwd: new URL("../..", import.meta.url).pathname,
+      stdio: ["pipe", "pipe", "inherit"],
+    });
+    const lines: string[] = [];
+    createInterface({ input: child.stdout! }).on("line", (l) => lines.push(l));
+    let ended: string | null = null;
+    const exit = new Promise<void>((r) => child.on("exit", (code, sig) => ((ended = `exit ${code ?? sig}`), r())));
+    try {
+      await eventually(() => lines.includes("opened"), "the child opened", 60_000);
+      await cluster().freeze(1);
+      await cluster().freeze(2);
+      child.stdin!.write("go\n");
+      await new Promise((r) => setTimeout(r, 3000));
+      assert.equal(ended, null, `the child must not exit (or acknowledge) while its commit waits for the quorum: ${lines.join(" | ")}`);
+      assert.ok(!lines.some((l) => l.startsWith("receipt")), "no receipt without a quorum");
+      cluster().signal(1, "SIGCONT");
+      cluster().signal(2, "SIGCONT");
+      await eventually(() => lines.includes("closed"), `the child's receipt and close (${lines.join(" | ")})`, 60_000);
+      // A hang guard: the child exits in moments once nothing of ours is left running.
+      await Promise.race([exit, new Promise((r) => setTimeout(r, 20_000))]);
+      assert.equal(ended, "exit 0", `the child was still running 20 s after close(): ${lines.join(" | ")}`);
+      assert.ok(lines.includes('receipt {"firstSeq":1,"lastSeq":1}'), lines.join(" | "));
+      assert.deepEqual(lines.filter((l) => l.startsWith("unhandled") || (l.startsWith("left ") && l !== "left []")), []);
     } finally {
       child.kill("SIGKILL");
       cluster().signal(1, "SIGCONT");

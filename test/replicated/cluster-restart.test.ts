@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { Etcd3 } from "etcd3";
 import { createServer, type Server } from "node:net";
 import { main, type Io } from "../../src/cli/main.js";
-import { ephemeralPortRange } from "../../storage-adapters/replicated/devcluster.js";
+import { ephemeralPortRange } from "../../src/cli/devcluster/index.js";
 import { tempDir } from "./helpers.js";
 import { exitAfterTests } from "../support/exit.js";
 

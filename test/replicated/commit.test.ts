@@ -1,18 +1,106 @@
 /**
  * The replicated commit path on a real cluster: grouping of concurrent commits into fewer etcd
  * transactions with one receipt each, a duplicate identity failing only its own batch (checked at once
- * for a lone commit, and for a whole group at once when it is taken), and etcd's size limits refused
- * as too_large before anything is written.
+ * for a lone commit, and for a whole group at once when it is taken), etcd's size limits refused as
+ * too_large before anything is written, large and multi-byte commits up to the limits read back
+ * exactly, and answers lost after etcd applied the commit (a proxy holds them past the attempt
+ * deadline, then resets every connection): each commit acknowledged once, none doubled.
  */
 import assert from "node:assert/strict";
+import net from "node:net";
 import { after, before, describe, it } from "node:test";
 import { Etcd3 } from "etcd3";
+import type { NewEvent } from "../../src/state/events.js";
 import type { Storage } from "../../src/storage/contract.js";
+import { StorageRejected } from "../../src/storage/errors.js";
 import { MAX_BATCH_BYTES, MAX_BATCH_EVENTS, createReplicatedStorage, type ReplicatedStats } from "../../storage-adapters/replicated/index.js";
-import { AT, devCluster, ev, tempDir } from "./helpers.js";
+import { AT, bounded, devCluster, ev, tempDir } from "./helpers.js";
+import { Ledger, checkLog, freshLog, out } from "./ledger.js";
 import { keysOf } from "../../storage-adapters/replicated/layout.js";
 import { event } from "../../src/state/events.js";
 import { exitAfterTests } from "../support/exit.js";
+
+/** HTTP/2 frame types that carry a response (held back by `hold`); the others (SETTINGS, PING, GOAWAY, WINDOW_UPDATE) always pass, so flow control keeps working. */
+const RESPONSE_FRAMES = new Set([0x0 /* DATA */, 0x1 /* HEADERS */, 0x3 /* RST_STREAM */, 0x9 /* CONTINUATION */]);
+
+interface Pair {
+  readonly client: net.Socket;
+  readonly upstream: net.Socket;
+  /** Bytes from etcd not yet parsed into whole frames. */
+  partial: Buffer;
+  /** Whole response frames held back, in order. */
+  readonly held: Buffer[];
+}
+
+/**
+ * A TCP proxy in front of one etcd member that parses etcd's HTTP/2 frames toward the client: `hold`
+ * keeps back the frames that carry answers while flow control and pings still pass (so a large
+ * request is received, and applied, in full); `release` delivers them; `resetAll` resets every
+ * connection.
+ */
+class TcpProxy {
+  private readonly server: net.Server;
+  private readonly pairs = new Set<Pair>();
+  private holding = false;
+
+  constructor(target: URL) {
+    this.server = net.createServer((client) => {
+      const upstream = net.connect(Number(target.port), target.hostname);
+      const pair: Pair = { client, upstream, partial: Buffer.alloc(0), held: [] };
+      this.pairs.add(pair);
+      const end = (): void => {
+        this.pairs.delete(pair);
+        client.destroy();
+        upstream.destroy();
+      };
+      client.on("error", end).on("close", end);
+      upstream.on("error", end).on("close", end);
+      client.on("data", (b: Buffer) => upstream.write(b));
+      upstream.on("data", (b: Buffer) => {
+        pair.partial = Buffer.concat([pair.partial, b]);
+        while (pair.partial.length >= 9) {
+          const len = pair.partial.readUIntBE(0, 3);
+          if (pair.partial.length < 9 + len) break;
+          const f = pair.partial.subarray(0, 9 + len);
+          pair.partial = pair.partial.subarray(9 + len);
+          if ((this.holding || pair.held.length > 0) && RESPONSE_FRAMES.has(f[3]!)) pair.held.push(Buffer.from(f));
+          else client.write(f);
+        }
+      });
+    });
+  }
+
+  async start(): Promise<string> {
+    await new Promise<void>((r) => this.server.listen(0, "127.0.0.1", () => r()));
+    return `http://127.0.0.1:${(this.server.address() as net.AddressInfo).port}`;
+  }
+
+  /** Answers from etcd are kept back (requests still reach etcd in full, and apply). */
+  hold(): void {
+    this.holding = true;
+  }
+
+  /** Delivers the answers kept back, in order, and forwards again. */
+  release(): void {
+    this.holding = false;
+    for (const p of this.pairs) for (const b of p.held.splice(0)) if (!p.client.destroyed) p.client.write(b);
+  }
+
+  /** Resets every connection (TCP RST toward the client). */
+  resetAll(): number {
+    const n = this.pairs.size;
+    for (const p of [...this.pairs]) {
+      p.client.resetAndDestroy();
+      p.upstream.destroy();
+    }
+    return n;
+  }
+
+  async stop(): Promise<void> {
+    this.resetAll();
+    await new Promise<void>((r) => this.server.close(() => r()));
+  }
+}
 
 describe("replicated commits", () => {
   let dc: Awaited<ReturnType<typeof devCluster>>;
@@ -313,6 +401,106 @@ describe("replicated commits", () => {
       await fresh.close();
     }
     await db.close();
+  });
+
+  it("large and multi-byte commits: exactly MAX_BATCH_BYTES, MAX_BATCH_EVENTS events with 512-character non-ASCII identities, one byte over is refused and not written", async () => {
+    const db = await storage.open("large");
+    const ledger = new Ledger();
+    // One event whose JSON array is exactly MAX_BATCH_BYTES, with 2-, 3- and 4-byte characters and escapes.
+    const sized = (id: string, target: number): NewEvent => {
+      const mixed = "é€😀\u0000\u001f\"\\\n\t".repeat(2000);
+      const base = Buffer.byteLength(JSON.stringify([out(id, mixed)]));
+      return out(id, mixed + "a".repeat(target - base));
+    };
+    const exact = sized("exact-ü-😀", MAX_BATCH_BYTES);
+    assert.equal(Buffer.byteLength(JSON.stringify([exact])), MAX_BATCH_BYTES);
+    await ledger.commit(db, [exact.identity], [exact]);
+    const over = sized("over-1", MAX_BATCH_BYTES + 1);
+    await ledger.commit(db, [over.identity], [over]);
+    // MAX_BATCH_EVENTS events with the longest identities, non-ASCII, totalling near the byte limit.
+    const idOf = (i: number): string => `${String(i).padStart(3, "0")}-🔑` + "ключ-鍵/".repeat(80).slice(0, 512 - 6);
+    const perEvent = Math.floor(MAX_BATCH_BYTES / MAX_BATCH_EVENTS) - 1400;
+    const many = Array.from({ length: MAX_BATCH_EVENTS }, (_, i) => out(idOf(i), "ж".repeat(perEvent / 2)));
+    assert.ok(Buffer.byteLength(JSON.stringify(many)) <= MAX_BATCH_BYTES);
+    await ledger.commit(db, many.map((e) => e.identity), many);
+    // Several large commits at once (each goes alone: two would pass the byte limit).
+    await Promise.all(Array.from({ length: 4 }, (_, i) => ledger.commit(db, [`par-${i}`], [out(`par-${i}`, "p".repeat(700 * 1024))])));
+    const overAttempt = ledger.attempts.find((a) => a.ids[0] === "over-1")!;
+    assert.ok(overAttempt.error instanceof StorageRejected && overAttempt.error.reason === "too_large", String(overAttempt.error));
+    assert.deepEqual(ledger.attempts.filter((a) => a.outcome === "failed" && a !== overAttempt).map((a) => String(a.error)), [], ledger.summary());
+    await db.close();
+    const log = await freshLog(dc.cluster.endpoints, `${dirs.dir}/fresh-large`, "large");
+    checkLog("large", log, ledger);
+    const byId = new Map(log.map((e) => [e.identity, e]));
+    assert.deepEqual(byId.get(exact.identity)!.body, exact.body, "the exact-limit event reads back equal");
+    many.forEach((e) => assert.deepEqual(byId.get(e.identity)?.body, e.body, "each of the many events reads back equal"));
+  });
+
+  it("the largest transaction the adapter can build (128-character name, MAX_BATCH_EVENTS 512-character 3-byte identities, exactly MAX_BATCH_BYTES) fits etcd's request limit and reads back", async () => {
+    const name = "W" + "x".repeat(127);
+    const db = await storage.open(name);
+    const ledger = new Ledger();
+    const idOf = (i: number): string => String(i).padStart(4, "0") + "鍵".repeat(508);
+    const base = Array.from({ length: MAX_BATCH_EVENTS }, (_, i) => out(idOf(i), ""));
+    const room = MAX_BATCH_BYTES - Buffer.byteLength(JSON.stringify(base));
+    assert.ok(room > 0, `room ${room}`);
+    const each = Math.floor(room / MAX_BATCH_EVENTS);
+    const events = base.map((e, i) => out(e.identity, "d".repeat(each + (i === 0 ? room - each * MAX_BATCH_EVENTS : 0))));
+    assert.equal(Buffer.byteLength(JSON.stringify(events)), MAX_BATCH_BYTES);
+    await ledger.commit(db, events.map((e) => e.identity), events);
+    assert.deepEqual(ledger.attempts.map((a) => (a.outcome === "acked" ? "acked" : String(a.error))), ["acked"]);
+    await db.close();
+    const log = await freshLog(dc.cluster.endpoints, `${dirs.dir}/fresh-largest`, name);
+    checkLog(name, log, ledger);
+    assert.deepEqual(log.map((e) => e.body), events.map((e) => e.body));
+  });
+
+  it("answers lost after etcd applied the commit (a proxy holds every answer past the attempt deadline, then resets every connection), including a 300 KiB record read back: each commit acknowledged once, none doubled", async () => {
+    const proxies = dc.cluster.endpoints.map((u) => new TcpProxy(new URL(u)));
+    const endpoints = await Promise.all(proxies.map((p) => p.start()));
+    const proxied = createReplicatedStorage({ endpoints, dataDir: `${dirs.dir}/proxied`, attemptTimeoutMs: 1000, commitTimeoutMs: 2500, healthIntervalMs: 250 });
+    const ledger = new Ledger();
+    // Large enough for many DATA frames; small enough that a resend (the whole payload again) and its
+    // read-back fit one attempt deadline on a loaded machine.
+    const big = "é€😀\u0001\"\\ " + "b".repeat(300 * 1024);
+    try {
+      const small = await proxied.open("lost-small");
+      const large = await proxied.open("lost-large");
+      await ledger.commit(small, ["warm-s"]);
+      await ledger.commit(large, ["warm-l"]);
+      const before = (small.stats() as ReplicatedStats).commitAttempts;
+      for (const p of proxies) p.hold();
+      const pending = [ledger.commit(small, ["s1", "s2"]), ledger.commit(small, ["s3"]), ledger.commit(large, ["big1"], [out("big1", big)])];
+      await new Promise((r) => setTimeout(r, 2300));
+      // etcd applied them while no answer reached the adapter.
+      assert.equal(await etcd.get(keysOf("lost-large").head).string(), "2", "the large commit applied while its answer was held");
+      // The two small commits go in one group or the second waits for the first's outcome.
+      assert.match((await etcd.get(keysOf("lost-small").head).string())!, /^[34]$/, "the first small commit applied while its answer was held");
+      assert.equal(ledger.attempts.filter((a) => a.outcome !== "pending").length, 2, "nothing was acknowledged while the answers were held");
+      for (const p of proxies) p.release();
+      await bounded(Promise.all(pending), `commits after the answers came back (${ledger.summary()})`, 30_000);
+      const attempts = (small.stats() as ReplicatedStats).commitAttempts - before;
+      assert.ok(attempts > 3, `the lost answers were resent (${attempts} attempts for 3 commits)`);
+      // Then every connection is reset (RST) while a burst is in flight.
+      const burst: Promise<void>[] = [];
+      for (let i = 0; i < 30; i++) burst.push(ledger.commit(small, [`r${i}`]), ledger.commit(large, [`R${i}`], [out(`R${i}`, "x".repeat(20_000))]));
+      await new Promise((r) => setTimeout(r, 5));
+      const reset = proxies.reduce((n, p) => n + p.resetAll(), 0);
+      await bounded(Promise.all(burst), `commits after the resets (${ledger.summary()})`, 30_000);
+      assert.ok(reset > 0, "connections were reset");
+      await small.close();
+      await large.close();
+    } finally {
+      await proxied.close();
+      for (const p of proxies) await p.stop();
+    }
+    const failed = ledger.attempts.filter((a) => a.outcome === "failed");
+    assert.deepEqual(failed.map((a) => String(a.error)), [], `lost answers are resolved by reading back, never reported as failures: ${ledger.summary()}`);
+    for (const name of ["lost-small", "lost-large"]) {
+      const log = await freshLog(dc.cluster.endpoints, `${dirs.dir}/fresh-${name}`, name);
+      checkLog(name, log, ledger);
+      if (name === "lost-large") assert.equal((log.find((x) => x.identity === "big1")!.body as { data: string }).data, big, "the 300 KiB record is read back byte for byte");
+    }
   });
 });
 

@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { readFileSync, readdirSync } from "node:fs";
 import { Etcd3 } from "etcd3";
-import { CLUSTER_STATE_FILE, clusterDown, clusterStatus, clusterUp, readClusterState } from "../../storage-adapters/replicated/devcluster.js";
+import { CLUSTER_STATE_FILE, clusterDown, clusterStatus, clusterUp, readClusterState } from "../../src/cli/devcluster/index.js";
 import { devCluster, tempDir, untilQuorum } from "./helpers.js";
 
 describe("dev cluster up / status / down", () => {

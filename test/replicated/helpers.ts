@@ -10,7 +10,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { event, type NewEvent } from "../../src/state/events.js";
 import { after, before } from "node:test";
-import { startDevCluster, type DevCluster, type DevClusterOptions } from "../../storage-adapters/replicated/devcluster.js";
+import { startDevCluster, type DevCluster, type DevClusterOptions } from "../../src/cli/devcluster/index.js";
 import { createReplicatedStorage, type ReplicatedLogger } from "../../storage-adapters/replicated/index.js";
 import type { Storage } from "../../src/storage/contract.js";
 

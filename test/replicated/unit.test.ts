@@ -13,6 +13,7 @@ import { orphanSegments } from "../../storage-adapters/replicated/snapshots.js";
 import { fencedBy, fencedByEvent, fencer } from "../../storage-adapters/replicated/ops.js";
 import { ReplicatedLease, parseLeaseRef, parseOwner } from "../../storage-adapters/replicated/liveness.js";
 import { keysOf } from "../../storage-adapters/replicated/layout.js";
+import { Backoff, FIRST_PAUSE_MS, MAX_PAUSE_MS } from "../../storage-adapters/replicated/retry.js";
 import { performance } from "node:perf_hooks";
 import { hostname } from "node:os";
 import { captureLogger } from "./helpers.js";
@@ -114,6 +115,21 @@ describe("etcd error mapping", () => {
 });
 
 // Last, so that it runs after every other `after` hook of this file.
+describe("the adapter's retry pause", () => {
+  it("starts at 100 ms, doubles, and stays at 500 ms; each step is a new value (the etcd3 client keeps the first for its watch reconnects)", () => {
+    const steps: number[] = [];
+    let b = new Backoff();
+    for (let i = 0; i < 6; i++) {
+      steps.push(b.duration);
+      b = b.next();
+    }
+    assert.deepEqual(steps, [FIRST_PAUSE_MS, 200, 400, MAX_PAUSE_MS, MAX_PAUSE_MS, MAX_PAUSE_MS]);
+    const first = new Backoff();
+    first.next();
+    assert.equal(first.duration, FIRST_PAUSE_MS);
+  });
+});
+
 describe("who fenced an owner (the epoch key's revision, not its number)", () => {
   const kv = (value: string, mod: string) => ({ key: Buffer.from("k"), value: Buffer.from(value), mod_revision: mod, create_revision: "1", version: "1", lease: "0" });
   it("a read of the epoch key: the owner's claim, another claim, the key gone, the key written again with the owner's own number", () => {
@@ -288,7 +304,7 @@ describe("a claim refused because a lease it names is gone", () => {
     throw new Error("etcdserver: requested lease not found");
   };
 
-  it("gives up with StorageUnavailable after 16 refusals no member explains, pausing 100 ms before each new claim, having claimed nothing", async () => {
+  it("gives up with StorageUnavailable after 16 refusals no member explains, pausing (the adapter's retry pause) before each new claim, having claimed nothing", async () => {
     const { ctx, seenClaims } = claimContext({ "7": "8", "41": "8" }, notFound);
     const started = performance.now();
     await assert.rejects(claimWith(ctx, new Set(), ["41"]), (err: unknown) => {
@@ -297,7 +313,7 @@ describe("a claim refused because a lease it names is gone", () => {
       return true;
     });
     assert.equal(seenClaims.length, 17, "16 claims again after the first refusal, then the open gives up");
-    assert.ok(performance.now() - started >= 16 * 95, "a pause before each claim again (a lagging member gets time to catch up)");
+    assert.ok(performance.now() - started >= 16 * FIRST_PAUSE_MS - 80, "a pause before each claim again (a lagging member gets time to catch up)");
     assert.ok(seenClaims.every((keys) => keys.includes(keysOf("db").waitFor("41"))), "the live earlier lease is handed over in every claim");
   });
 

@@ -118,7 +118,7 @@ describe("satisfiesRequiresPython", () => {
   });
 });
 
-describe("parsePep723: linear on hostile input (issue 10)", () => {
+describe("parsePep723: linear on hostile input", () => {
   // Counted, never timed: the number of lines the scan looks at must grow linearly with the input.
   const visits = (src: string) => {
     const stats = { lineVisits: 0 };

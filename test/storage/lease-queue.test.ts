@@ -1,5 +1,5 @@
 /**
- * The owner lease's waiters' queue (issue 9, restart-always schedulers): a lease that falls free goes
+ * The owner lease's waiters' queue (for restart-always schedulers): a lease that falls free goes
  * to the oldest live waiter, so a worker restarted by its scheduler queues behind the standby that
  * waited longer instead of racing it. A waiter that withdraws, or whose process is SIGKILLed or frozen, drops
  * out; `force` (an operator's takeover) ignores the queue. On sqlite and on a real etcd cluster.

@@ -1,9 +1,9 @@
 /**
  * A new sqlite database appears whole or not at all. SQLite creates a 0-byte file at open and writes
- * the schema only later, and Cairn refuses a file that is not a Cairn database (issue 10) and leaves
- * it untouched; so a creation cut short (a full disk, a process killed there) used to leave an empty
- * `<name>.db` that no later open could use: the nemesis found it, a worker restarted hundreds of
- * times on a full tmpfs. These cases cut creation short for real and then open again.
+ * the schema only later, and Cairn refuses a file that is not a Cairn database and leaves it
+ * untouched; so a creation cut short (a full disk, a process killed there) must never leave an empty
+ * `<name>.db` that no later open could use (a worker restarted hundreds of times on a full disk would
+ * otherwise be stuck). These cases cut creation short for real and then open again.
  */
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";

@@ -1,6 +1,6 @@
 /**
  * Last opener wins on sqlite also over an owner frozen (SIGSTOP) *inside* its write transaction,
- * which keeps SQLite's write lock (issue 14). A real owner process commits big batches; the test
+ * which keeps SQLite's write lock. A real owner process commits big batches; the test
  * SIGSTOPs it until a probe proves the pause landed inside the lock (BEGIN IMMEDIATE with no busy
  * timeout is refused), then opens the database: the opener finds the owner on this host, stopped,
  * with its heartbeat lease expired, ends it (SIGKILL releases the lock) and claims the next epoch.

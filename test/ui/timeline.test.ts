@@ -16,6 +16,7 @@ import { createTimelineHandler } from "../../src/ui/server.js";
 import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { adds, cmd, conclude, tempDir } from "../harness/support.js";
 import type { LogEvent } from "../../src/state/events.js";
+import { withHarness } from "../support/harness.js";
 
 const t = tempDir("cairn-timeline-");
 after(() => t.cleanup());
@@ -51,8 +52,7 @@ async function collect(storage: ReturnType<typeof createMemoryStorage>, name: st
 describe("cairn log on the memory adapter", () => {
   it("follows a run from a reader in the same process, with refusals, failed attempts, output and the end", async () => {
     const storage = createMemoryStorage();
-    const h = await Harness.open({ storage, name: "mem", model: trickyModel(), workDir: t.dir });
-    try {
+    await withHarness({ storage, name: "mem", model: trickyModel(), workDir: t.dir }, async (h) => {
       const s = await h.start({ goal: "say hello", cwd: t.dir });
       const text: string[] = [];
       const json: string[] = [];
@@ -75,9 +75,7 @@ describe("cairn log on the memory adapter", () => {
       assert.match(all, /cell 1 {5}success exit 0/);
       assert.match(all, /end {8}run s1 success/);
       assert.deepEqual(json.map((l) => JSON.parse(l)), await collect(storage, "mem"));
-    } finally {
-      await h.close();
-    }
+    });
   });
 });
 
@@ -188,8 +186,7 @@ describe("the page next to /metrics", () => {
 
   it("the text rendering aligns columns and colours only when asked", async () => {
     const storage = createMemoryStorage();
-    const h = await Harness.open({ storage, name: "c", model: trickyModel(), workDir: t.dir });
-    try {
+    await withHarness({ storage, name: "c", model: trickyModel(), workDir: t.dir }, async (h) => {
       await h.wait(await h.start({ goal: "colours", cwd: t.dir }));
       const plain: string[] = [];
       const coloured: string[] = [];
@@ -206,8 +203,6 @@ describe("the page next to /metrics", () => {
         assert.equal(l[28], " ", l);
         assert.notEqual(l[29], " ", l);
       }
-    } finally {
-      await h.close();
-    }
+    });
   });
 });

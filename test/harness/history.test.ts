@@ -1,11 +1,11 @@
 /**
- * Review of bounded history (src/state/history.ts) through a real Harness on memory storage, with the
- * real HISTORY_KEEP: runs long enough that every kind of history is dropped, then what a caller or a
+ * Bounded history (src/state/history.ts) through a real Harness on memory storage, with the real
+ * HISTORY_KEEP: runs long enough that every kind of history is dropped, then what a caller or a
  * cell does with what was dropped. Each run is model rounds and commits only (note cells, cancelled
  * cells, timers), so thousands of rounds take seconds; the one cell that runs is a shell loop.
  */
 import assert from "node:assert/strict";
-import { existsSync, readdirSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { connect } from "node:net";
 import { join } from "node:path";
 import { describe, it } from "node:test";
@@ -24,7 +24,7 @@ const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200, maxIdle: 1_0
 
 /** A model that answers every round with `decide(state)`, records what it answered, and can be made to fail. */
 class FnModel implements Model {
-  readonly name = "review";
+  readonly name = "fn";
   readonly patches = new Map<string, unknown>();
   calls = 0;
   failing: ModelError | null = null;
@@ -81,18 +81,11 @@ function timerRequest(socket: string, req: Record<string, unknown>): Promise<{ o
   });
 }
 
-function socketOf(workDir: string, name: string): string {
-  const dir = join(workDir, "sockets");
-  const f = readdirSync(dir).find((x) => x.startsWith(`${name}-${process.pid}-`) && x.endsWith(".sock"));
-  assert.ok(f !== undefined, `no timer socket for ${name} in ${dir}`);
-  return join(dir, f);
-}
 
 describe("bounded history through a real harness", { timeout: 180_000 }, () => {
-  // Found by this review: Harness.submit of an accepted round answered from s.turns and s.cells,
-  // which history.ts cut independently (a kept round whose new cells went threw "admission context
-  // is inconsistent"; a dropped round said "has not been accepted"). Fixed on main (1d5d06e): a turn
-  // goes with its cells, and an older round is refused saying why.
+  // Harness.submit answers a replay from s.turns and s.cells: a kept turn must keep its cells (else
+  // "admission context is inconsistent"), and a dropped round must be refused as older than the kept
+  // history, not as a round that was never accepted.
   it("Harness.submit after a long run: a kept accepted round replays, an older one is refused saying it is older than the kept history", async (tc) => {
     const t = tempDir("cairn-hr-");
     const rounds = 2 * HISTORY_KEEP + 150;
@@ -136,7 +129,7 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
     const held = new Promise<void>((r) => (release = r));
     const model = notesModel(rounds);
     const holding: Model = {
-      name: "review-hold",
+      name: "hold",
       async step(req) {
         if (req.state.runtime.usage.rounds >= rounds) {
           reached();
@@ -166,21 +159,23 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
     assert.equal((await h.wait(s)).reason, "the model concluded failure: enough");
   });
 
-  // BUG: registerTimer answers "the timer already registered" from s.timers; once the fired timer
-  // was dropped from history it commits timer_registered again, which the storage refuses (its
-  // identity is in the log), and the cell's `cairn timer` fails instead of getting the answer.
+  // registerTimer answers "the timer already registered" from s.timers: were a fired timer dropped
+  // from history, it would commit timer_registered again, which the storage refuses (its identity is
+  // in the log), and the cell's `cairn timer` would fail instead of getting the answer.
   it("a cell that registers a timer id again after thousands of timers fired gets the registered timer, not an error", async (tc) => {
     const t = tempDir("cairn-hr-");
     // Round 1 starts a cell that waits (so no later patch is idle); each round after adds a note.
     const go = join(t.dir, "go");
+    const cellSocket = join(t.dir, "cell-socket");
     const model = new FnModel((state) => {
       const ops: unknown[] = [{ op: "test", path: "/revision", value: state.revision }];
       const next = state.runtime.next_cell_id;
-      if (state.revision === 0) ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "cmd", argv: ["sh", "-c", `while [ ! -e '${go}' ]; do sleep 0.1; done`] } });
+      if (state.revision === 0) ops.push({ op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "cmd", argv: ["sh", "-c", `echo "$CAIRN_TIMER_SOCKET $CAIRN_CELL_TOKEN" > '${cellSocket}'; while [ ! -e '${go}' ]; do sleep 0.1; done`] } });
       else ops.push(...removals(state, (id) => id === 1), { op: "add", path: "/cells/-", value: { id: next, previous_id: null, kind: "note", text: "timers fired" } });
       return ops;
     });
-    const h = await Harness.open({ storage: createMemoryStorage(), name: "hr-timer", model, workDir: t.dir, limits: fast, snapshots: false });
+    // Without a sandbox: the test speaks for the waiting cell, with its token, on the socket's host path.
+    const h = await Harness.open({ storage: createMemoryStorage(), name: "hr-timer", model, workDir: t.dir, limits: fast, snapshots: false, sandbox: { mode: "none" } });
     tc.after(async () => {
       writeFileSync(go, ""); // the waiting cell ends
       await h.close();
@@ -188,29 +183,29 @@ describe("bounded history through a real harness", { timeout: 180_000 }, () => {
     });
     const s = await h.start({ goal: "many timers", cwd: t.dir });
     await until("the waiting cell to start", () => h.session(s)!.executions.get(1)?.phase === "started", 60_000, 20);
-    const socket = socketOf(t.dir, "hr-timer");
+    await until("the cell to say where its socket is", () => existsSync(cellSocket) && readFileSync(cellSocket, "utf8").includes("\n"), 60_000, 20);
+    const [socket, token] = readFileSync(cellSocket, "utf8").trim().split(" ") as [string, string];
     const timers = 2 * HISTORY_KEEP + 50;
-    const first = await timerRequest(socket, { session: s, cell: 1, timer_id: "t-0", delay_seconds: 0 });
+    const first = await timerRequest(socket, { token, timer_id: "t-0", delay_seconds: 0 });
     assert.ok(first.ok, `the first registration: ${JSON.stringify(first)}`);
     for (let i = 1; i < timers; i += 50) {
-      await Promise.all(Array.from({ length: Math.min(50, timers - i) }, (_, k) => timerRequest(socket, { session: s, cell: 1, timer_id: `t-${i + k}`, delay_seconds: 0 })));
+      await Promise.all(Array.from({ length: Math.min(50, timers - i) }, (_, k) => timerRequest(socket, { token, timer_id: `t-${i + k}`, delay_seconds: 0 })));
     }
     await until("every timer to fire and later rounds to drop other history", () => {
       const p = h.session(s)!;
       return p.pending.length === 0 && p.open_turn === null && [...p.timers.values()].every((x) => x.fired) && p.observations.size < timers;
     }, 60_000, 50);
     assert.ok(h.session(s)!.timers.has("t-0"), "fired timers stay in the projection (history.ts)");
-    const again = await timerRequest(socket, { session: s, cell: 1, timer_id: "t-0", delay_seconds: 0 });
+    const again = await timerRequest(socket, { token, timer_id: "t-0", delay_seconds: 0 });
     assert.deepEqual(again, { ok: true, timer_id: "t-0", due_at: first.due_at }, "a repeated registration answers with the timer already registered");
   });
 
-  // Was a BUG (latent, needs a contrived run): SessionDriver.recarry decides whether carried events were
-  // committed by looking their execution up in the projection. The commit that carries a finished
-  // cell also prepares the next round, and that fold may drop the cell from history at once (out of
-  // context, succeeded, older in queue order than the 1,000 finished executions kept). If the round
-  // then fails (the model's key is refused: RunBlocked), the already committed events are carried
-  // again, and after `resume` every pass re-commits them, is refused as a duplicate, and retries:
-  // the run never calls the model again.
+  // SessionDriver.recarry decides whether carried events were committed. The commit that carries a
+  // finished cell also prepares the next round, and that fold may drop the cell from history at once
+  // (out of context, succeeded, older in queue order than the 1,000 finished executions kept). If the
+  // round then fails (the model's key is refused: RunBlocked) and recarry looked the execution up in
+  // the projection, the committed events would be carried again, and after `resume` every pass would
+  // re-commit them, be refused as a duplicate, and retry: the run would never call the model again.
   it("a run whose model is blocked right after a long-queued cell finished continues after resume", async (tc) => {
     const t = tempDir("cairn-hr-");
     const go = join(t.dir, "go");
