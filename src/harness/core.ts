@@ -21,7 +21,10 @@ export type HarnessFaultPoint =
   | "patch:committed" // a patch was accepted and committed; nothing dispatched yet
   | "execution:started-committed" // the launch is authorized and committed; the child has not run
   | "execution:exited" // the child exited; its result is not committed yet
-  | "model:response-committed"; // a complete model response is committed (with its verdict, when both fit one commit)
+  | "model:response-committed" // a complete model response is committed (with its verdict, when both fit one commit)
+  | "steer:committed" // an operator's request (pause, cancel, approval...) is committed; nothing acted on it yet
+  | "approval:requested" // a cell's approval request is committed; it waits
+  | "cancel:cells-stopped"; // a cancelled run's started cells are recorded; queued ones and the run's end are not
 export type HarnessFaults = (point: HarnessFaultPoint, detail: { session: string; cell?: number; turn?: string }) => void | Promise<void>;
 
 export interface HarnessCore {

@@ -313,6 +313,7 @@ export class SessionDriver implements SessionContext {
    */
   private async cancelRun(): Promise<void> {
     await this.executions.recover();
+    await this.core.faults?.("cancel:cells-stopped", { session: this.id });
     const s = this.session();
     if (s.terminal !== null) return;
     const at = this.core.nowIso();
@@ -325,6 +326,7 @@ export class SessionDriver implements SessionContext {
   private async requestApproval(cellId: number, rule: string): Promise<void> {
     await this.core.commit([event("approval_requested", this.id, identity.approvalRequested(this.id, cellId), this.core.nowIso(), { cell_id: cellId, rule })]);
     this.core.logger.warn({ session: this.id, cell: cellId, rule }, "cell waits for approval (cairn approve / cairn deny)");
+    await this.core.faults?.("approval:requested", { session: this.id, cell: cellId });
   }
 
   private async perform(step: Exclude<NextStep, { kind: "ended" | "wait" }>): Promise<void> {

@@ -29,5 +29,7 @@ export async function applySteer(core: HarnessCore, session: string, request: st
     throw err;
   }
   core.logger.info({ session, request, action: r.action }, verdict.message);
+  core.metrics?.operatorRequest(r.action);
+  await core.faults?.("steer:committed", { session });
   return verdict;
 }
