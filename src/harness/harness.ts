@@ -385,7 +385,7 @@ export class Harness {
 
   /** Sets every gauge from the projection and the storage's stats (serve calls it on each scrape). */
   refreshMetrics(): void {
-    if (this.metrics !== null) reportGauges(this.metrics, this.reducer.projection(), this.db.stats());
+    if (this.metrics !== null) reportGauges(this.metrics, this.reducer.projection(), this.db.stats(), this.core.world.clock.now());
   }
 }
 

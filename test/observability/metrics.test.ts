@@ -137,7 +137,7 @@ test("labels are bounded: no metric has a session, cell or id label, and rejecti
   m.commit("memory", "ok", 0.001, 1);
   m.executionFinished("cmd", "success", 1);
   m.patchRejected("anything-unexpected");
-  const allowed = new Set(["adapter", "outcome", "kind", "result", "code", "direction", "version", "node", "le"]);
+  const allowed = new Set(["adapter", "outcome", "kind", "result", "code", "direction", "action", "version", "node", "le"]);
   const samples = await scrape(m);
   for (const s of samples.filter((x) => x.name.startsWith("cairn_"))) {
     for (const label of Object.keys(s.labels)) assert.ok(allowed.has(label), `${s.name} has unbounded label ${label}`);
