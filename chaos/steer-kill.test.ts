@@ -154,9 +154,12 @@ function killMatrix(adapter: Adapter): void {
     await until("the cell to run", () => (c.effect() === 1 ? true : undefined), 120_000);
     owner.child.kill("SIGKILL");
     assert.equal((await owner.result).signal, "SIGKILL");
-    // The owner's lease must be gone for the request to wait instead of being followed.
+    // The owner's lease must be gone for the request to wait instead of being followed (on etcd it
+    // outlives a SIGKILL by up to its TTL).
+    await until("the dead owner's lease to expire", async () => ((await c.cairn(["status", "--json"], "cli")).stdout.includes('"status": "owner_gone"') ? true : undefined), 120_000);
     const paused = await c.cairn(["pause", "--session", "s1", "--now"], "cli");
     assert.equal(paused.code, 0, said(paused));
+    assert.match(paused.stdout, /waits in the mailbox: no live worker owns/);
     let log = await c.log();
     assert.equal(ofKind(log, "run_paused").length, 0, "no owner applied it yet");
 
