@@ -16,6 +16,8 @@ import { createMemoryStorage } from "../../storage-adapters/memory/index.js";
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { adds, cmd, conclude, note, tempDir } from "./support.js";
 import { until } from "../support/wait.js";
+import { Metrics } from "../../src/observability/metrics.js";
+import { parseExposition, valueOf } from "../observability/exposition.js";
 
 const fast = { retryBaseMs: 1, outputFlushMs: 20, stopGraceMs: 200 };
 
@@ -269,11 +271,19 @@ describe("approval gates", () => {
       const model = modelOf((req) =>
         req.state.revision === 0 ? adds(0, 1, [cmd("touch", join(t.dir, "free")), cmd("touch", join(t.dir, "gated"))]) : concludeSeeing(req, 2),
       );
-      const h = await Harness.open({ storage: createMemoryStorage(), name: "a", model, workDir: t.dir, limits: fast });
+      const metrics = new Metrics();
+      const gauge = async (name: string, labels: Record<string, string> = {}) => {
+        h.refreshMetrics();
+        return valueOf(parseExposition(await metrics.registry.metrics()), name, labels);
+      };
+      const h = await Harness.open({ storage: createMemoryStorage(), name: "a", model, workDir: t.dir, limits: fast, metrics });
       try {
+        assert.equal(await gauge("cairn_approvals_waiting"), 0);
         const s = await h.start({ goal: "g", cwd: t.dir, approval: [{ kind: "glob", pattern: `touch *gated` }] });
         await until("cell 2 to wait for approval", () => h.session(s)!.executions.get(2)?.approval?.state === "waiting");
         await h.settled();
+        assert.equal(await gauge("cairn_approvals_waiting"), 1, "the waiting cell is a metric");
+        assert.ok((await gauge("cairn_approval_oldest_wait_seconds"))! >= 0);
         assert.equal(existsSync(join(t.dir, "free")), true, "cell 1 matched no rule and ran");
         assert.equal(existsSync(join(t.dir, "gated")), false, "cell 2 waits");
         const st = h.inspect(s).sessions[0]!;
@@ -288,6 +298,9 @@ describe("approval gates", () => {
         assert.equal(out.reason, "the model concluded success: cell 2: success");
         assert.equal(existsSync(join(t.dir, "gated")), true);
         assert.equal(h.session(s)!.executions.get(2)!.approval?.state, "approved");
+        assert.equal(await gauge("cairn_approvals_waiting"), 0);
+        assert.equal(await gauge("cairn_approval_oldest_wait_seconds"), 0);
+        assert.equal(await gauge("cairn_operator_requests_total", { action: "approve" }), 1, "the refused approval of cell 1 is not counted");
         assert.equal((await h.steer(s, "no", { action: "deny", cell_id: 2, reason: "late" })).kind, "refused");
       } finally {
         await h.close();
