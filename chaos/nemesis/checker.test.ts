@@ -146,6 +146,13 @@ describe("nemesis checker", () => {
     caught(run(h, log, effects, { ackedCommits: 1, successfulRuns: 2 }), "floor");
   });
 
+  it("a schedule where no cell wrote an effect line fails the floor: its effect checks proved nothing", () => {
+    const { h, log } = clean();
+    const v = run(h, log, []);
+    caught(v, "floor");
+    assert.match(v.anomalies.find((a) => a.check === "floor")!.message, /only 0 effect lines/);
+  });
+
   it("a final log that was not read", () => {
     const { h, effects } = clean();
     const v = check({ history: h, finals: new Map(), effects: new Map([[DB, effects]]), floor: FLOOR });

@@ -16,7 +16,8 @@
  *   (a commit that landed after a newer epoch was claimed); phantom-event: an event no worker sent;
  * - run-not-ended: a run without exactly one `run_ended`; submitted-run-missing: a submitted request
  *   without its run;
- * - floor: too little acknowledged work (a schedule where everything failed proves nothing).
+ * - floor: too little acknowledged work, or no effect line at all (a schedule where everything failed,
+ *   or where no cell could start, proves nothing).
  *
  * Timestamps compared (effect lines against acknowledgements) come from one machine's clock, and each
  * is taken on the safe side: a cell stamps its line before writing it, a worker records an
@@ -36,6 +37,8 @@ export interface FinalEvent {
 export interface Floor {
   readonly ackedCommits: number;
   readonly successfulRuns: number;
+  /** Effect lines the cells must have written (1 unless told): none means no cell ran, and every effect check held vacuously. */
+  readonly effectLines?: number;
 }
 
 export interface Anomaly {
@@ -274,6 +277,9 @@ export function check(input: CheckInput): Verdict {
 
   if (commits.acknowledged < floor.ackedCommits) add({ check: "floor", db: "*", message: `only ${commits.acknowledged} commits were acknowledged (the floor is ${floor.ackedCommits})`, excerpt: [`commits: ${JSON.stringify(commits)}`] });
   if (runs.success < floor.successfulRuns) add({ check: "floor", db: "*", message: `only ${runs.success} runs ended in success (the floor is ${floor.successfulRuns})`, excerpt: [`runs: ${JSON.stringify(runs)}`] });
+
+  const lineFloor = floor.effectLines ?? 1;
+  if (effectLines < lineFloor) add({ check: "floor", db: "*", message: `only ${effectLines} effect lines were written (the floor is ${lineFloor}): the cells did not run, so the effect checks proved nothing (see the execution_finished details in the final logs)`, excerpt: [`runs: ${JSON.stringify(runs)}`] });
 
   return { anomalies, stats: { commits, runs, opens, fences, exits, faults, posts, effectLines } };
 }
