@@ -107,6 +107,25 @@ describe("cairn approve and deny: a cell matching --require-approval waits for a
   });
 });
 
+describe("a worker's own rule: cairn resume --require-approval", () => {
+  it("gates the cells of a run submitted without a rule; the run's status names the worker's rule", async () => {
+    const { work, model } = scenario("worker-rule", [cmdRound(0, 1, ["sh", "-c", "echo ran >> effect.txt"]), concludeRound(1, 2, "success", "ran it")]);
+    const submitted = await steer("wr", ["submit", "append a line", "--session", "job1"]);
+    assert.equal(submitted.code, 0, submitted.stderr);
+    // A submitted run executes where its worker runs.
+    const owner = cairn(["resume", "--db", "wr", "--data-dir", data, "--model", `scripted:${model}`, "--require-approval", "glob:sh -c *effect*"], { cwd: work });
+    const waiting = await until("cell 1 to wait for approval", async () => ((await run("wr"))?.status === "awaiting_approval" ? run("wr") : undefined));
+    assert.deepEqual(waiting!.awaiting_approval.map((a) => [a.cell_id, a.rule]), [[1, "glob:sh -c *effect*"]]);
+    assert.deepEqual(waiting!.approval_rules, [], "the run itself has no rule: the worker's holds the cell");
+    assert.equal(lines(join(work, "effect.txt")), 0);
+    const ok = await steer("wr", ["approve", "--session", "job1", "--cell", "1"]);
+    assert.equal(ok.code, 0, ok.stderr);
+    const done = await owner;
+    assert.equal(done.code, 0, done.stderr + done.stdout);
+    assert.equal(lines(join(work, "effect.txt")), 1);
+  });
+});
+
 describe("cairn pause, unpause, cancel", () => {
   it("pause shows everywhere and lets the running cell finish; cancel ends the run as cancelled; a second cancel is already done; requests to an ended run are refused", async () => {
     const gate = ["sh", "-c", "echo ran >> effect.txt; i=0; while [ ! -e release ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; echo done >> effect.txt"];
