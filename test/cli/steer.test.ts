@@ -8,7 +8,8 @@ import { after, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { cairn, cairnIn, hasStack, type CliResult } from "./support.js";
+import { spawn } from "node:child_process";
+import { cairn, cairnIn, ENTRY, hasStack, ROOT, type CliResult } from "./support.js";
 import { tempDir } from "../harness/support.js";
 import { until } from "../support/wait.js";
 
@@ -123,6 +124,51 @@ describe("a worker's own rule: cairn resume --require-approval", () => {
     const done = await owner;
     assert.equal(done.code, 0, done.stderr + done.stdout);
     assert.equal(lines(join(work, "effect.txt")), 1);
+  });
+});
+
+describe("cairn serve --require-approval: a worker's rule, and what its /metrics shows", () => {
+  it("a submitted run's cell waits, paused and approved: the gauges and the counter follow", async () => {
+    const { work, model } = scenario("serve", [cmdRound(0, 1, ["sh", "-c", "echo ran >> effect.txt"]), concludeRound(1, 2, "success", "ran it")]);
+    const serve = spawn(process.execPath, ["--import", "tsx", ENTRY, "serve", "--db", "sv", "--data-dir", data, "--model", `scripted:${model}`, "--create", "--cwd", work, "--listen", "127.0.0.1:0", "--log-level", "info", "--require-approval", "script", "--require-approval", "argv:sh"], {
+      cwd: ROOT,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stderr = "";
+    serve.stderr!.setEncoding("utf8").on("data", (d: string) => (stderr += d));
+    const exited = new Promise<number | null>((resolve) => serve.on("close", (code) => resolve(code)));
+    try {
+      const url = await until("the metrics URL", () => /metrics on (http:\/\/[^\s]+)\/metrics/.exec(stderr)?.[1]);
+      const metric = async (name: string): Promise<number> => {
+        const text = await (await fetch(`${url}/metrics`)).text();
+        const line = text.split("\n").find((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`));
+        return line === undefined ? Number.NaN : Number(line.slice(line.lastIndexOf(" ") + 1));
+      };
+      const submitted = await steer("sv", ["submit", "append a line", "--session", "job1"]);
+      assert.equal(submitted.code, 0, submitted.stderr);
+      const waiting = await until("cell 1 to wait for approval", async () => ((await run("sv"))?.status === "awaiting_approval" ? run("sv") : undefined));
+      assert.deepEqual(waiting!.awaiting_approval.map((a) => [a.cell_id, a.rule]), [[1, "argv:sh"]]);
+      assert.equal(await metric("cairn_approvals_waiting"), 1);
+      assert.ok((await metric("cairn_approval_oldest_wait_seconds")) >= 0);
+
+      const paused = await steer("sv", ["pause", "--session", "job1", "--json"]);
+      assert.equal((JSON.parse(paused.stdout) as { status: string }).status, "applied", paused.stdout + paused.stderr);
+      assert.equal(await metric("cairn_runs_paused"), 1);
+      const approved = await steer("sv", ["approve", "--session", "job1", "--cell", "1", "--json"]);
+      assert.equal((JSON.parse(approved.stdout) as { status: string }).status, "applied", approved.stdout + approved.stderr);
+      assert.equal(await metric("cairn_approvals_waiting"), 0);
+      assert.equal(await metric("cairn_approval_oldest_wait_seconds"), 0);
+      assert.equal(lines(join(work, "effect.txt")), 0, "approved but paused: not launched");
+      await steer("sv", ["unpause", "--session", "job1"]);
+      await until("the run to end", async () => (await run("sv"))?.status === "success");
+      assert.equal(lines(join(work, "effect.txt")), 1);
+      assert.equal(await metric("cairn_runs_paused"), 0);
+      const text = await (await fetch(`${url}/metrics`)).text();
+      for (const action of ["pause", "approve", "unpause"]) assert.match(text, new RegExp(`cairn_operator_requests_total\\{[^}]*action="${action}"[^}]*\\} 1\\b`));
+    } finally {
+      serve.kill("SIGTERM");
+      await exited;
+    }
   });
 });
 
