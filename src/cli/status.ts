@@ -15,8 +15,8 @@ import { visibleLine } from "../ui/visible.js";
 
 const HELP = `usage: cairn status --db NAME [--session ID] [--json]
 
-Shows the runs in database NAME: goal and result, cells, executions and their phases, unresolved
-UnknownExecutions, usage. Reads only: the owner keeps running. --json prints the cairn.status/1
+Shows the runs in database NAME: goal and result, cells, executions and their phases (with the
+effects each cell declared), unresolved UnknownExecutions, the effect ledger, usage. Reads only: the owner keeps running. --json prints the cairn.status/1
 document described in the README.
 ${STORAGE_HELP}`;
 
@@ -108,7 +108,10 @@ function renderStatus(i: Inspection & OwnershipView): string[] {
       const e = exec.get(c.id);
       const phase = e ? ` [${e.phase}${e.result ? `: ${e.result}` : ""}${e.exit_code !== null && e.exit_code !== undefined ? ` exit ${e.exit_code}` : ""}]` : "";
       out.push(`  ${c.in_context ? " " : "-"}cell ${c.id} ${c.kind}${c.role ? `(${c.role})` : ""}${phase}: ${c.summary.replace(/\s+/g, " ").slice(0, 120)}`);
+      for (const f of e?.effects ?? []) out.push(`      effect ${f.name}: ${f.status}${f.status === "done" ? ` ${JSON.stringify(f.result ?? null).slice(0, 100)}` : f.status === "uncertain" ? " (begun, never ended: check outside before doing it again)" : ""}`);
     }
+    const uncertain = s.effects.filter((f) => f.status === "uncertain");
+    if (s.effects.length > 0) out.push(`  effects: ${s.effects.length} in the ledger, ${s.effects.filter((f) => f.status === "done").length} done${uncertain.length ? `, UNCERTAIN: ${uncertain.map((f) => f.name).join(", ").slice(0, 200)}` : ""}`);
     for (const u of s.unresolved_unknown) out.push(`  UNRESOLVED UnknownExecution: cell ${u.cell_id} (${u.reason}; worker stopped: ${u.worker_stopped ? "yes" : "not confirmed"})`);
     if (s.inbox.unread) out.push(`  inbox: ${s.inbox.unread} unread`);
     for (const r of s.refused_posts) out.push(`  post ${r.id} refused (${r.code}): ${r.reason}`);

@@ -12,6 +12,7 @@ import type { HarnessLimits } from "./options.js";
 import type { ApprovalRule } from "../state/approval.js";
 import type { HarnessWorld, TimerFunctions } from "./world.js";
 import { realTimers } from "./world.js";
+import { effectScope, launchKey } from "./effects.js";
 
 /**
  * Boundaries where a test can stop the world (DBOS's debugpoint idea): the chaos suite SIGKILLs the
@@ -22,6 +23,8 @@ export type HarnessFaultPoint =
   | "execution:started-committed" // the launch is authorized and committed; the child has not run
   | "execution:exited" // the child exited; its result is not committed yet
   | "model:response-committed" // a complete model response is committed (with its verdict, when both fit one commit)
+  | "effect:begun-committed" // a cell's effect begin is committed; the cell has not been answered
+  | "effect:ended-committed" // a cell's effect end is committed; the cell has not been answered
   | "steer:committed" // an operator's request (pause, cancel, approval...) is committed; nothing acted on it yet
   | "approval:requested" // a cell's approval request is committed; it waits
   | "cancel:cells-stopped"; // a cancelled run's started cells are recorded; queued ones and the run's end are not
@@ -99,6 +102,8 @@ export function createCore(
     scriptDir: (session) => owner.scriptDir(session),
     cellLaunch: (session, cell) => {
       const env: Record<string, string> = { CAIRN_DB: name, CAIRN_SESSION: session, CAIRN_CELL: String(cell) };
+      const s = owner.session(session);
+      if (s !== undefined) env.CAIRN_EFFECT_KEY = launchKey(effectScope(name, s), cell);
       const token = owner.issueToken(session, cell);
       if (token !== null) env.CAIRN_CELL_TOKEN = token;
       return { env, boundary: owner.boundary(session), ended: () => (token === null ? undefined : owner.revokeToken(token)) };

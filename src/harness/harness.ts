@@ -9,6 +9,7 @@
  * "stop"}`; it never reopens on its own. After an uncertain commit it is poisoned: reopen to learn the
  * truth from the log.
  */
+import { randomBytes } from "node:crypto";
 import pino, { type Logger } from "pino";
 import type { Admission } from "../state/admission.js";
 import type { LogEvent, NewEvent } from "../state/events.js";
@@ -196,7 +197,8 @@ export class Harness {
     const id = chooseSessionId(options.id, this.name, this.reducer, this.sessionsAllocated);
     if (options.id === undefined) this.sessionsAllocated = Number(id.slice(1));
     await this.drivers.recoverAll(this.unfinished());
-    await this.commit([sessionCreated(id, options, this.core.nowIso())]);
+    // The run's effect keys derive from fresh randomness, so no two runs anywhere share one (effects.ts).
+    await this.commit([sessionCreated(id, { ...options, effectSeed: randomBytes(16).toString("hex") }, this.core.nowIso())]);
     this.metrics?.runStarted();
     this.drivers.begin(id);
     return id;

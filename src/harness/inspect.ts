@@ -3,10 +3,12 @@
  * `cairn status --json`. Pure. Its shape is documented in the README ("cairn status --json") and
  * covered by a test; change both together.
  */
+import { effectStatus } from "../state/effects.js";
 import type { Projection, SessionProjection } from "../state/projection.js";
 import { isUnresolvedUnknown } from "../state/projection.js";
 import type { RunResult, Usage } from "../state/schema.js";
 import { describeRule } from "../state/approval.js";
+import { effectKey, effectScope } from "./effects.js";
 
 export interface CellSummary {
   readonly id: number;
@@ -36,6 +38,20 @@ export interface ExecutionSummary {
   readonly network: "off" | "host" | null;
   /** Its approval gate, when a rule asked for one: waiting, approved or denied, the rule, and when. */
   readonly approval: { readonly state: "waiting" | "approved" | "denied"; readonly rule: string; readonly requested_at: string; readonly decided_at: string | null; readonly reason: string | null } | null;
+  /** The effects it began or ended (`cairn effect`): "begun" while it runs, "uncertain" once it finished without ending one, "done". */
+  readonly effects: readonly { readonly name: string; readonly status: "begun" | "uncertain" | "done"; readonly result?: unknown }[];
+}
+
+/** One name of the run's effect ledger. */
+export interface EffectSummary {
+  readonly name: string;
+  /** "done"; "begun" while the cell of its last attempt runs; "uncertain" once it finished without ending it. */
+  readonly status: "done" | "begun" | "uncertain";
+  /** The idempotency key the run's cells get for it (`cairn effect key NAME`). */
+  readonly key: string;
+  /** Each committed begin: the cell, when, and its event. */
+  readonly attempts: readonly { readonly attempt: number; readonly cell_id: number; readonly at: string; readonly seq: number }[];
+  readonly ended: { readonly cell_id: number; readonly at: string; readonly seq: number; readonly result: unknown } | null;
 }
 
 export interface UnknownSummary {
@@ -87,6 +103,8 @@ export interface SessionSummary {
   readonly cell_network: "off" | "host";
   /** Where its most recent cell ran: sandbox and network as recorded at launch; null before any. */
   readonly cells_ran_in: { readonly sandbox: "bwrap" | "none"; readonly network: "off" | "host" } | null;
+  /** The run's effect ledger, by name in the order first begun. */
+  readonly effects: readonly EffectSummary[];
 }
 
 export interface Inspection {
@@ -98,10 +116,11 @@ export interface Inspection {
 
 export function summarize(db: string, p: Projection, only?: string): Inspection {
   const ids = only === undefined ? p.order : p.order.filter((id) => id === only);
-  return { schema: "cairn.status/1", db, head: p.head, sessions: ids.map((id) => summarizeSession(p.sessions.get(id)!)) };
+  return { schema: "cairn.status/1", db, head: p.head, sessions: ids.map((id) => summarizeSession(p.sessions.get(id)!, db)) };
 }
 
-export function summarizeSession(s: SessionProjection): SessionSummary {
+/** The summary of one run; `db` (its database's name) is needed for the effect keys of a run older than the ledger. */
+export function summarizeSession(s: SessionProjection, db = ""): SessionSummary {
   const inContext = new Set(s.state.cells.map((c) => c.id));
   const cells: CellSummary[] = [...s.cells.values()]
     .sort((a, b) => a.id - b.id)
@@ -133,10 +152,19 @@ export function summarizeSession(s: SessionProjection): SessionSummary {
       sandbox: e.started?.sandbox ?? null,
       network: e.started?.network ?? null,
       approval: e.approval === null ? null : { ...e.approval },
+      effects: e.effects.map((f) => (f.status === "done" ? { name: f.name, status: "done" as const, result: f.result ?? null } : { name: f.name, status: e.phase === "finished" ? ("uncertain" as const) : ("begun" as const) })),
     }));
   const awaiting = [...s.executions.values()]
     .filter((e) => e.phase === "queued" && e.approval?.state === "waiting")
     .map((e) => ({ cell_id: e.cell_id, rule: e.approval!.rule, since: e.approval!.requested_at, summary: cells.find((c) => c.id === e.cell_id)?.summary ?? "" }));
+  const scope = effectScope(db, s);
+  const effects: EffectSummary[] = [...s.effects.values()].map((r) => ({
+    name: r.name,
+    status: effectStatus(r, s.executions),
+    key: effectKey(scope, r.name),
+    attempts: r.attempts.map((a) => ({ ...a })),
+    ended: r.ended === null ? null : { ...r.ended },
+  }));
   const unresolved = [...s.executions.values()].filter(isUnresolvedUnknown).map((e) => ({
     cell_id: e.cell_id,
     reason: e.unknown?.reason ?? "unknown",
@@ -182,6 +210,7 @@ export function summarizeSession(s: SessionProjection): SessionSummary {
     validators: s.validators,
     cell_network: s.cell_network ?? "off",
     cells_ran_in: lastContained(s),
+    effects,
   };
 }
 

@@ -9,6 +9,7 @@
  */
 import { z } from "zod";
 import { ApprovalRules } from "./approval.js";
+import { EffectName } from "./effects.js";
 import { Cell, CellId, ExecutionResult, JsonValue, Observation, RunResult, UnknownExecution } from "./schema.js";
 
 const TurnId = z.string().min(1).max(200);
@@ -58,6 +59,11 @@ export const EventBodies = {
      * `round` (the log up to `cut_seq`). Until `fork_completed` the run is being copied and does nothing.
      */
     fork: ForkOrigin.optional(),
+    /**
+     * 128 random bits (hex) drawn when the run is created: the effect keys of the run and of its
+     * forks derive from it (src/harness/effects.ts). Absent in logs older than the effect ledger.
+     */
+    effect_seed: z.string().regex(/^[0-9a-f]{32}$/).optional(),
   }),
   /** An observation entered the session's inbox (from an execution, a timer, a control note or outside). */
   inbox_received: z.strictObject({ observation: Observation }),
@@ -170,6 +176,22 @@ export const EventBodies = {
     timer_id: z.string().min(1).max(200),
     due_at: z.string(),
     late_ms: z.number().nonnegative(),
+  }),
+  /**
+   * A cell is about to perform effect `name` (`cairn effect begin`): committed before the cell is
+   * answered `proceed`. `attempt` counts the begins of the name in the run (a retry of an uncertain
+   * effect is attempt 2, ...).
+   */
+  effect_begun: z.strictObject({
+    name: EffectName,
+    cell_id: CellId,
+    attempt: z.number().int().positive(),
+  }),
+  /** A cell recorded what effect `name` came to (`cairn effect end`): final; a later begin answers `done`. */
+  effect_ended: z.strictObject({
+    name: EffectName,
+    cell_id: CellId,
+    result: JsonValue,
   }),
   /** A role note (cancel, resolution, conclusion) was acted on. */
   control_handled: z.strictObject({
@@ -316,6 +338,8 @@ export const identity = {
   /** An event of a fork's copy of its origin: `origin` is a seq in the origin's log (or a name of a synthesized one). */
   forkCopy: (s: string, origin: number | string) => `fork:${s}:${origin}`,
   forkCompleted: (s: string) => `fork_completed:${s}`,
+  effectBegun: (s: string, name: string, attempt: number) => `effect:${s}:${name}:${attempt}`,
+  effectEnded: (s: string, name: string) => `effect_end:${s}:${name}`,
 } as const;
 
 /** The turn id of round `n` of session `s`. */

@@ -6,10 +6,11 @@
  * Pure: no I/O, no clock (the time is an argument).
  */
 import type { AdmissionContext, Receipt } from "./admission.js";
+import { cellEffectNames } from "./effects.js";
 import type { EventBody, NewEvent } from "./events.js";
 import { event, identity, observationId } from "./events.js";
 import type { ExecutionRecord, SessionProjection, TimerRecord, TurnRecord } from "./projection.js";
-import type { NoteCell, Observation } from "./schema.js";
+import type { NoteCell, Observation, UnknownExecution } from "./schema.js";
 import { isExecutable } from "./schema.js";
 import type { ApprovalRule } from "./approval.js";
 
@@ -71,6 +72,11 @@ export function executionObservation(body: FinishedBody, at: string, ex: Executi
   if (body.detail !== null) payload.detail = body.detail;
   if (body.unknown !== null) payload.unknown = body.unknown;
   if (ex !== undefined && ex.output_tail.length > 0) payload.output_tail = ex.output_tail.slice(-2000);
+  // The effects the cell declared, as the ledger holds them once it ended: begun and not ended is uncertain.
+  if (ex !== undefined && ex.effects.length > 0) {
+    payload.effects = ex.effects.map((e) => (e.status === "done" ? { name: e.name, status: "done", result: e.result ?? null } : { name: e.name, status: "uncertain" }));
+    if (ex.effects_omitted > 0) payload.effects_omitted = ex.effects_omitted;
+  }
   return { id: observationId.execution(body.cell_id), source: "execution", kind: `execution_${body.result}`, at, payload: payload as Observation["payload"] };
 }
 
@@ -100,6 +106,16 @@ export function cancelledBeforeLaunch(cellId: number, noteId: number): FinishedB
     detail: `cancelled by note ${noteId} before launch`,
     unknown: null,
   };
+}
+
+/**
+ * The effect fields of an UnknownExecution for `ex`: the effects it began and never ended (the only
+ * ones to reconcile) and those done; none when the cell declared no effect.
+ */
+function unknownEffects(ex: ExecutionRecord | undefined): Pick<UnknownExecution, "uncertain_effects" | "done_effects"> {
+  if (ex === undefined || ex.effects.length === 0) return {};
+  const { uncertain, done } = cellEffectNames(ex);
+  return { uncertain_effects: uncertain, done_effects: done };
 }
 
 /**
@@ -136,6 +152,7 @@ export function lostWorker(ex: ExecutionRecord, stopped: { readonly worker_stopp
       reason: "worker_lost_before_result_commit",
       worker_stopped: stopped.worker_stopped,
       evidence_refs: ex.started === null ? [] : [`event:${ex.started.seq}`],
+      ...unknownEffects(ex),
     },
   };
 }
@@ -161,7 +178,8 @@ export type StoppedBy = "note" | "pause" | "cancel_run";
  * the whole run is `cancelled`: the run ends, and no model will look. `stoppedBy` true means "note".
  */
 export function processFinished(s: SessionProjection, cellId: number, outcome: ProcessOutcome, stoppedBy: boolean | StoppedBy | null): FinishedBody {
-  const started = s.executions.get(cellId)?.started;
+  const ex = s.executions.get(cellId);
+  const started = ex?.started;
   const by: StoppedBy | null = stoppedBy === true ? "note" : stoppedBy === false ? null : stoppedBy;
   if (by === "cancel_run") {
     const why = `stopped by an operator's cancel of the run; what it did before the stop is unknown${outcome.detail !== null ? ` (${outcome.detail})` : ""}`;
@@ -178,7 +196,7 @@ export function processFinished(s: SessionProjection, cellId: number, outcome: P
     detail: by === "pause" ? `stopped by an operator's pause with --now${outcome.detail !== null ? ` (${outcome.detail})` : ""}` : outcome.detail,
     unknown:
       by !== null
-        ? { type: "UnknownExecution", cell_id: cellId, reason: by === "pause" ? "stopped_by_pause" : "cancelled_after_launch", worker_stopped: true, evidence_refs: started ? [`event:${started.seq}`] : [] }
+        ? { type: "UnknownExecution", cell_id: cellId, reason: by === "pause" ? "stopped_by_pause" : "cancelled_after_launch", worker_stopped: true, evidence_refs: started ? [`event:${started.seq}`] : [], ...unknownEffects(ex) }
         : null,
   };
 }
@@ -275,6 +293,8 @@ export function sessionCreated(
     readonly budgets?: EventBody<"session_created">["budgets"];
     readonly cellNetwork?: "off" | "host";
     readonly approval?: readonly ApprovalRule[];
+    /** 32 hex digits of randomness the run's effect keys derive from (the harness draws it). */
+    readonly effectSeed?: string;
   },
   at: string,
 ): NewEvent {
@@ -285,6 +305,7 @@ export function sessionCreated(
     budgets: o.budgets ?? {},
     ...(o.cellNetwork === "host" ? { cell_network: "host" as const } : {}),
     ...(o.approval !== undefined && o.approval.length > 0 ? { approval: o.approval.map((r) => structuredClone(r)) } : {}),
+    ...(o.effectSeed !== undefined ? { effect_seed: o.effectSeed } : {}),
   });
 }
 

@@ -5,6 +5,7 @@
  * Pure: no I/O, no clock.
  */
 import type { ApprovalRule } from "./approval.js";
+import type { CellEffect, EffectRecord } from "./effects.js";
 import type { Budgets, ForkOrigin } from "./events.js";
 import type { Cell, ExecutionPhase, ExecutionResult, Observation, RunResult, RuntimeCell, State, UnknownExecution } from "./schema.js";
 
@@ -59,6 +60,10 @@ export interface ExecutionRecord {
   /** The resolution note that resolved this UnknownExecution, if any. */
   readonly resolved_by: number | null;
   readonly finished_seq: number | null;
+  /** Effects this cell began or ended (effects.ts), at most MAX_CELL_EFFECTS, in the order it touched them. */
+  readonly effects: readonly CellEffect[];
+  /** Effects it touched past MAX_CELL_EFFECTS (counted, not listed). */
+  readonly effects_omitted: number;
   /** Its approval gate, when a rule asked for one: waiting, or how a person decided. */
   readonly approval: ApprovalRecord | null;
 }
@@ -179,6 +184,13 @@ export interface SessionProjection {
   readonly cancel_requested: { readonly reason: string; readonly at: string; readonly request: string } | null;
   /** Set while the run is parked waiting for an operator (cleared by the next model attempt or the end). */
   readonly blocked: { readonly cause: "auth" | "config" | "retry_budget"; readonly reason: string; readonly at: string; readonly turn: string } | null;
+  /**
+   * The run's effect keys derive from this (src/harness/effects.ts): the `effect_seed` of its
+   * `session_created`, or null for a run created before the ledger existed.
+   */
+  readonly effect_seed: string | null;
+  /** The effect ledger by name (effects.ts): never cut by history. */
+  readonly effects: ReadonlyMap<string, EffectRecord>;
   /** Outside observations refused at drain time, oldest first (the last 100). */
   readonly refused_posts: readonly { readonly id: string; readonly kind: string; readonly code: string; readonly reason: string; readonly at: string }[];
   readonly last_seq: number;
@@ -223,6 +235,12 @@ export function runtimeCellOf(ex: ExecutionRecord): RuntimeCell {
   if (ex.dropped_bytes > 0 || ex.output_bytes > 3 * tailUnits || (ex.output_bytes > tailUnits && utf8Length(ex.output_tail) < ex.output_bytes)) out.truncated = true;
   if (ex.unknown !== null) out.unknown = ex.unknown;
   if (ex.resolved_by !== null) out.resolved_by = ex.resolved_by;
+  if (ex.effects.length > 0) {
+    out.effects = ex.effects.map((e) =>
+      e.status === "done" ? { name: e.name, status: "done", result: e.result ?? null } : { name: e.name, status: ex.phase === "finished" ? "uncertain" : "begun" },
+    );
+  }
+  if (ex.effects_omitted > 0) out.effects_omitted = ex.effects_omitted;
   return out;
 }
 
@@ -291,5 +309,7 @@ export function queuedExecution(cellId: number, kind: "script" | "cmd", queuedSe
     resolved_by: null,
     finished_seq: null,
     approval: null,
+    effects: [],
+    effects_omitted: 0,
   };
 }

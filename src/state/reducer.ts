@@ -7,6 +7,7 @@
  * State it hands out is a fresh object that later events never change.
  */
 import { applyAccepted } from "./admission.js";
+import { type EffectRecord, foldBegun, foldEnded, withCellEffect } from "./effects.js";
 import { dropHistory, ENDED_HISTORY_KEEP } from "./history.js";
 import { setCell, setExecution } from "./live-index.js";
 import type { LogEvent } from "./events.js";
@@ -17,7 +18,8 @@ import { initialState } from "./schema.js";
 
 type Mutable<T> = { -readonly [K in keyof T]: T[K] };
 
-interface SessionWork extends Mutable<Omit<SessionProjection, "cells" | "executions" | "observations" | "consumed" | "turns" | "timers" | "controls" | "validators_run" | "pending" | "delivered" | "refused_posts">> {
+interface SessionWork extends Mutable<Omit<SessionProjection, "cells" | "executions" | "observations" | "consumed" | "turns" | "timers" | "controls" | "validators_run" | "pending" | "delivered" | "refused_posts" | "effects">> {
+  effects: Map<string, EffectRecord>;
   refused_posts: SessionProjection["refused_posts"][number][];
   cells: Map<number, Cell>;
   executions: Map<number, ExecutionRecord>;
@@ -273,6 +275,17 @@ export class Reducer {
         s.timers.set(t.timer_id, { ...t, fired: true });
         return;
       }
+      case "effect_begun": {
+        const b = e.body;
+        foldBegun(s.effects, b, e.seq, e.at);
+        touchCellEffect(s, b.cell_id, { name: b.name, status: s.effects.get(b.name)!.ended === null ? "begun" : "done", ...doneResult(s.effects.get(b.name)!) });
+        return;
+      }
+      case "effect_ended": {
+        const b = e.body;
+        for (const cell of foldEnded(s.effects, b, e.seq, e.at)) touchCellEffect(s, cell, { name: b.name, status: "done", result: b.result });
+        return;
+      }
       case "control_handled": {
         const b = e.body;
         s.controls.set(b.note_id, { note_id: b.note_id, role: b.role, outcome: b.outcome, detail: b.detail });
@@ -382,8 +395,23 @@ function newSession(id: string, at: string, body: LogEvent<"session_created">["b
     cancel_requested: null,
     blocked: null,
     refused_posts: [],
+    effect_seed: body.effect_seed ?? null,
+    effects: new Map(),
     last_seq: seq,
   };
+}
+
+/** A done record's result, as a cell's listing carries it. */
+function doneResult(r: EffectRecord): { result?: unknown } {
+  return r.ended === null ? {} : { result: r.ended.result };
+}
+
+/** Lists `effect` under cell `cellId`'s execution (when the projection still holds it) and refreshes its view. */
+function touchCellEffect(s: SessionWork, cellId: number, effect: Parameters<typeof withCellEffect>[1]): void {
+  const ex = s.executions.get(cellId);
+  if (ex === undefined) return; // left history (history.ts): the ledger keeps the truth
+  setExecution(s.executions, cellId, withCellEffect(ex, effect));
+  refreshView(s, cellId);
 }
 
 function withRuntime(state: State, patch: Partial<State["runtime"]>): State {

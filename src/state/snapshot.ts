@@ -61,6 +61,15 @@ const Execution = z.strictObject({
     .strictObject({ state: z.enum(["waiting", "approved", "denied"]), rule: z.string(), requested_at: z.string(), decided_at: z.string().nullable(), reason: z.string().nullable() })
     .nullable()
     .optional(),
+  // Optional: snapshots written before the effect ledger lack them (restored as none).
+  effects: z.array(z.strictObject({ name: z.string(), status: z.enum(["begun", "done"]), result: JsonValue.optional() })).optional(),
+  effects_omitted: z.number().int().nonnegative().optional(),
+});
+
+const EffectEntry = z.strictObject({
+  name: z.string(),
+  attempts: z.array(z.strictObject({ attempt: z.number().int().positive(), cell_id: CellId, seq: Seq, at: z.string() })),
+  ended: z.strictObject({ cell_id: CellId, seq: Seq, at: z.string(), result: JsonValue }).nullable(),
 });
 
 const Turn = z.strictObject({
@@ -124,6 +133,9 @@ const Session = z.strictObject({
   cancel_requested: z.strictObject({ reason: z.string(), at: z.string(), request: z.string() }).nullable().optional(),
   blocked: z.strictObject({ cause: z.enum(["auth", "config", "retry_budget"]), reason: z.string(), at: z.string(), turn: z.string() }).nullable(),
   refused_posts: z.array(z.strictObject({ id: z.string(), kind: z.string(), code: z.string(), reason: z.string(), at: z.string() })),
+  // Optional: snapshots written before the effect ledger lack them (restored as an empty ledger).
+  effect_seed: z.string().nullable().optional(),
+  effects: entries(z.string(), EffectEntry).optional(),
   last_seq: Seq,
 });
 
@@ -178,6 +190,8 @@ export function encodeSnapshot(projection: Projection): string {
       cancel_requested: s.cancel_requested,
       blocked: s.blocked,
       refused_posts: s.refused_posts,
+      effect_seed: s.effect_seed,
+      effects: [...s.effects],
       last_seq: s.last_seq,
     };
   });
@@ -210,6 +224,8 @@ function structureProblem(parsed: unknown): string | null {
       if (!Array.isArray(v) || !v.every((e) => Array.isArray(e) && e.length === 2)) return `sessions.${i}.${f}: not an array of [key, value] entries`;
     }
     for (const f of SESSION_ARRAY_FIELDS) if (!Array.isArray(s[f])) return `sessions.${i}.${f}: not an array`;
+    const effects = s["effects"];
+    if (effects !== undefined && (!Array.isArray(effects) || !effects.every((e) => Array.isArray(e) && e.length === 2))) return `sessions.${i}.effects: not an array of [key, value] entries`;
   }
   return null;
 }
@@ -245,7 +261,9 @@ export function restoreSnapshot(text: string, expectedHead: number, options: { v
       paused: s.paused ?? null,
       cancel_requested: s.cancel_requested ?? null,
       cells: new Map(s.cells),
-      executions: new Map(s.executions),
+      executions: new Map(s.executions.map(([id, ex]) => [id, ex.effects === undefined ? { ...ex, effects: [], effects_omitted: 0 } : ex])),
+      effect_seed: s.effect_seed ?? null,
+      effects: new Map(s.effects ?? []),
       observations: new Map(s.observations),
       consumed: new Set(s.consumed),
       turns: new Map(s.turns),

@@ -46,6 +46,8 @@ export function concernsCell(e: LogEvent, cell: number): boolean {
     case "patch_accepted":
       return e.body.new_cell_ids.includes(cell) || e.body.removed_ids.includes(cell);
     case "timer_registered":
+    case "effect_begun":
+    case "effect_ended":
       return e.body.cell_id === cell;
     case "control_handled":
     case "validator_result":
@@ -214,6 +216,11 @@ export class LogText {
         const subject = `cell ${b.cell_id}`;
         if (b.result === "UnknownExecution") {
           lines.push(L(subject, `UnknownExecution: ${b.unknown?.reason ?? b.detail ?? "outcome unknown"} (worker stopped: ${b.unknown?.worker_stopped ? "yes" : "not confirmed"}); never re-run`, "yellow"));
+          const u = b.unknown;
+          if (u?.uncertain_effects !== undefined) {
+            const done = u.done_effects?.length ? `; done: ${u.done_effects.join(", ")}` : "";
+            lines.push(this.line(s, null, "", this.paint("yellow", u.uncertain_effects.length ? `effects begun and never ended (reconcile these): ${u.uncertain_effects.join(", ")}${done}` : `no effect left uncertain${done}`)));
+          }
         } else {
           const exit = b.exit_code !== null ? `exit ${b.exit_code}` : b.signal !== null ? `signal ${b.signal}` : "no exit code";
           const tone: Tone = b.result === "success" ? "green" : b.result === "error" ? "red" : "magenta";
@@ -226,6 +233,10 @@ export class LogText {
         return [L("timer", `${e.body.timer_id} registered${e.body.cell_id !== null ? ` by cell ${e.body.cell_id}` : ""}, due ${e.body.due_at}${e.body.note ? `: ${e.body.note}` : ""}`)];
       case "timer_fired":
         return [L("timer", `${e.body.timer_id} fired (due ${e.body.due_at}, ${duration(e.body.late_ms)} late)`)];
+      case "effect_begun":
+        return [L(`cell ${e.body.cell_id}`, `effect ${e.body.name} begun${e.body.attempt > 1 ? ` (attempt ${e.body.attempt}: retried after it was found not done)` : ""}`, "cyan")];
+      case "effect_ended":
+        return [L(`cell ${e.body.cell_id}`, `effect ${e.body.name} done: ${JSON.stringify(e.body.result).slice(0, 200)}`, "cyan")];
       case "inbox_received": {
         const o = e.body.observation;
         if (o.source !== "external") return [];

@@ -7,6 +7,7 @@
  * an `apply` changed (`takeChanges`), so the page streams only what moved. Output is kept per cell
  * (at most what the harness recorded: 1 MiB per execution by default) and served on request.
  */
+import { MAX_CELL_EFFECTS } from "../state/effects.js";
 import type { LogEvent } from "../state/events.js";
 import type { Cell } from "../state/schema.js";
 
@@ -59,6 +60,8 @@ export interface CellView {
   resolved_by: { note_id: number; at: string } | null;
   /** Its approval gate: waiting for a person, or how they decided (null: no rule asked for one). */
   approval: { state: "waiting" | "approved" | "denied"; rule: string; requested_at: string; decided_at: string | null; reason: string | null } | null;
+  /** Effects it began or ended (`cairn effect`; the first MAX_CELL_EFFECTS): begun while it runs, uncertain once it finished without ending one, done. */
+  effects: { name: string; status: "begun" | "uncertain" | "done"; result?: unknown }[];
 }
 
 /** A change of owner for a session: a new epoch's first commit. */
@@ -122,6 +125,8 @@ interface SessionWork {
   epoch: number | null;
   lastTurn: RoundView | null;
   patches: Map<number, unknown>;
+  /** Cells that began each effect name (their listing turns done when it ends). */
+  effectCells: Map<string, Set<number>>;
   dirtyHeader: boolean;
   dirtyRounds: Set<RoundView>;
   dirtyCells: Set<CellView>;
@@ -217,7 +222,7 @@ export class TimelineBuilder {
         fork_of: fork === undefined ? null : { session: fork.session, round: fork.round }, awaiting_approval: [], rounds: [], cells: [], owners: [], marks: [],
       };
       this.sessions.set(e.session, {
-        view, rounds: new Map(), cells: new Map(), defs: new Map(), output: new Map(), attemptStart: new Map(), epoch: null, lastTurn: null, patches: new Map(),
+        view, rounds: new Map(), cells: new Map(), defs: new Map(), output: new Map(), attemptStart: new Map(), epoch: null, lastTurn: null, patches: new Map(), effectCells: new Map(),
         dirtyHeader: true, dirtyRounds: new Set(), dirtyCells: new Set(), newOwners: [], newMarks: [],
       });
       this.order.push(e.session);
@@ -299,7 +304,7 @@ export class TimelineBuilder {
         const c: CellView = {
           id: e.body.cell_id, kind: e.body.kind, summary: def ? cellSummary(def) : "", round: s.lastTurn?.n ?? null, queued_at: e.at,
           started_at: null, finished_at: null, host: null, pid: null, epoch: null, sandbox: null, network: null, result: null, exit_code: null, signal: null, duration_ms: null,
-          output_bytes: 0, dropped_bytes: 0, detail: null, unknown: null, resolved_by: null, approval: null,
+          output_bytes: 0, dropped_bytes: 0, detail: null, unknown: null, resolved_by: null, approval: null, effects: [],
         };
         s.cells.set(c.id, c);
         s.view.cells.push(c);
@@ -342,6 +347,7 @@ export class TimelineBuilder {
         c.detail = b.detail;
         c.unknown = b.unknown ? { reason: b.unknown.reason, worker_stopped: b.unknown.worker_stopped } : null;
         s.view.awaiting_approval = s.view.awaiting_approval.filter((id) => id !== c.id);
+        for (const f of c.effects) if (f.status === "begun") f.status = "uncertain";
         touchCell(c);
         return;
       }
@@ -382,6 +388,37 @@ export class TimelineBuilder {
       case "fork_completed":
         this.mark(s, { kind: "fork", at: e.at, text: `fork ready (${e.body.copied} events copied from run ${s.view.fork_of?.session ?? "?"})`, outcome: "info" });
         return;
+      case "effect_begun": {
+        const cells = s.effectCells.get(e.body.name) ?? new Set<number>();
+        cells.add(e.body.cell_id);
+        s.effectCells.set(e.body.name, cells);
+        const c = s.cells.get(e.body.cell_id);
+        if (c === undefined) return;
+        const status = c.finished_at === null ? "begun" : "uncertain";
+        const f = c.effects.find((x) => x.name === e.body.name);
+        if (f === undefined) {
+          if (c.effects.length < MAX_CELL_EFFECTS) c.effects.push({ name: e.body.name, status });
+        }
+        else if (f.status !== "done") f.status = status;
+        touchCell(c);
+        return;
+      }
+      case "effect_ended": {
+        for (const id of new Set([...(s.effectCells.get(e.body.name) ?? []), e.body.cell_id])) {
+          const c = s.cells.get(id);
+          if (c === undefined) continue;
+          const f = c.effects.find((x) => x.name === e.body.name);
+          if (f === undefined) {
+            if (c.effects.length < MAX_CELL_EFFECTS) c.effects.push({ name: e.body.name, status: "done", result: e.body.result });
+          }
+          else {
+            f.status = "done";
+            f.result = e.body.result;
+          }
+          touchCell(c);
+        }
+        return;
+      }
       case "timer_registered":
         this.mark(s, { kind: "timer_registered", at: e.at, text: `timer ${e.body.timer_id} registered${e.body.cell_id !== null ? ` by cell ${e.body.cell_id}` : ""}, due ${e.body.due_at}${e.body.note ? `: ${e.body.note}` : ""}`, outcome: "info" });
         return;

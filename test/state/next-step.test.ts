@@ -173,6 +173,8 @@ function projectionOf(spec: Spec): { s: SessionProjection; now: number } {
     cancel_requested: spec.cancel ? { reason: "c", at: new Date(CREATED).toISOString(), request: "c1" } : null,
     blocked: null,
     refused_posts: [],
+    effect_seed: null,
+    effects: new Map(),
     last_seq: 100,
   };
   return { s, now };

@@ -85,8 +85,7 @@
     const bar = $(".bar", row);
     bar.style.setProperty("--s", start.toFixed(3));
     bar.style.setProperty("--d", len.toFixed(3));
-    const q = $(".unknown-mark", row);
-    if (q) {
+    for (const q of row.querySelectorAll(".unknown-mark, .effects")) {
       q.style.setProperty("--s", start.toFixed(3));
       q.style.setProperty("--d", len.toFixed(3));
     }
@@ -159,7 +158,21 @@
     const where = c.host ? ` on ${c.host}${c.epoch != null ? ` (epoch ${c.epoch})` : ""}${contained}` : "";
     const gate = c.approval ? `; approval (rule ${c.approval.rule}): ${c.approval.state}${c.approval.reason ? `: ${c.approval.reason}` : ""}` : "";
     const how = c.result === "UnknownExecution" ? `UnknownExecution: ${c.unknown?.reason ?? ""}${c.resolved_by ? `; resolved by note ${c.resolved_by.note_id}` : "; unresolved"}` : c.result ? `${c.result}${c.exit_code != null ? ` exit ${c.exit_code}` : ""} in ${fmtDur(c.duration_ms)}` : outcome;
-    row.title = `cell ${c.id}${where}: ${how}${gate}`;
+    // The effects it declared (`cairn effect`), under the cell: done ones with their result.
+    const effects = c.effects ?? [];
+    let fx = $(".effects", row);
+    if (effects.length > 0 && !fx) {
+      fx = el("span", "effects");
+      $(".track", row).append(fx);
+    }
+    if (fx) {
+      const uncertain = effects.filter((f) => f.status === "uncertain").length;
+      fx.textContent = `${effects.length} effect(s)${uncertain ? `, ${uncertain} uncertain` : ""}`;
+      fx.classList.toggle("uncertain", uncertain > 0);
+    }
+    row.dataset.effects = effects.map((f) => `${f.name}:${f.status}`).join(" ");
+    const fxLines = effects.map((f) => `effect ${f.name}: ${f.status}${f.status === "done" ? ` ${JSON.stringify(f.result ?? null)}` : f.status === "uncertain" ? " (begun, never ended)" : ""}`);
+    row.title = [`cell ${c.id}${where}: ${how}${gate}`, ...fxLines].join("\n");
     place(s, key);
   }
 
