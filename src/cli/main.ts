@@ -44,6 +44,8 @@ usage:
   cairn status --db NAME [--session ID] [--json]
   cairn log --db NAME [--session ID] [--cell N] [--follow] [--json]
   cairn post --db NAME --session ID --id ID --kind KIND --payload JSON
+  cairn pause|unpause|cancel --db NAME --session ID [--reason TEXT]       (pause --now stops the running cell)
+  cairn approve|deny --db NAME --session ID --cell N [--reason TEXT]     (a cell waiting for approval)
   cairn serve --db NAME --model SPEC [--listen HOST:PORT] [--create] [--takeover]
   cairn ui --db NAME [--listen HOST:PORT]                               (the timeline page, read-only)
   cairn timer --id ID (--in DURATION | --at ISO-TIME) [--note TEXT]    (inside a running cell)
@@ -72,6 +74,12 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         return await (await import("./post.js")).postCommand(rest, io);
       case "submit":
         return await (await import("./submit.js")).submitCommand(rest, io);
+      case "pause":
+      case "unpause":
+      case "cancel":
+      case "approve":
+      case "deny":
+        return await (await import("./steer.js")).steerCommand(command, rest, io);
       case "serve":
         return await (await import("./serve.js")).serveCommand(rest, io);
       case "ui":
@@ -93,7 +101,7 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         io.out(USAGE);
         return command === undefined ? EXIT.usage : EXIT.ok;
       default:
-        throw new UsageError(`unknown command "${command}"; the commands are run, submit, resume, status, log, post, serve, ui, timer, effect and cluster (see \`cairn --help\`).`);
+        throw new UsageError(`unknown command "${command}"; the commands are run, submit, resume, status, log, post, pause, unpause, cancel, approve, deny, serve, ui, timer, effect and cluster (see \`cairn --help\`).`);
     }
   } catch (err) {
     const { code, message } = describeError(err);

@@ -94,6 +94,11 @@ function renderStatus(i: Inspection & OwnershipView): string[] {
     out.push("");
     out.push(`run ${s.id}: ${s.status === "owner_gone" ? "unfinished, owner gone (nobody drives it)" : s.status}${s.result ? ` (${s.result.reason})` : ""}${s.blocked ? ` (${s.blocked.reason})` : ""}`);
     out.push(`  goal: ${s.goal}`);
+    if (s.fork_of !== null) out.push(`  fork of run ${s.fork_of.session} after round ${s.fork_of.round}`);
+    if (s.paused !== null) out.push(`  PAUSED since ${s.paused.at}${s.paused.reason ? `: ${s.paused.reason}` : ""}${s.paused.now ? " (the running cell was stopped)" : ""}; \`cairn unpause --db ${i.db} --session ${s.id}\` lets it go on`);
+    if (s.cancel_requested !== null && s.result === null) out.push(`  CANCELLING since ${s.cancel_requested.at}${s.cancel_requested.reason ? `: ${s.cancel_requested.reason}` : ""}`);
+    if (s.approval_rules.length > 0) out.push(`  approval required for: ${s.approval_rules.join(", ")}`);
+    for (const a of s.awaiting_approval) out.push(`  WAITS FOR APPROVAL: cell ${a.cell_id} since ${a.since} (rule ${a.rule}): ${a.summary.replace(/\s+/g, " ").slice(0, 120)}; \`cairn approve --db ${i.db} --session ${s.id} --cell ${a.cell_id}\` or \`cairn deny ... --reason TEXT\``);
     if (s.cells_ran_in !== null) out.push(`  cells: ${s.cells_ran_in.sandbox === "bwrap" ? `sandboxed (bubblewrap), network ${s.cells_ran_in.network}` : "NOT sandboxed (--sandbox none): the worker's full reach"}`);
     else if (s.cell_network === "host") out.push("  cells: host network asked for");
     out.push(`  cwd: ${s.cwd}; revision ${s.revision}; ${s.rounds} round(s); tokens ${s.usage.input_tokens} in, ${s.usage.output_tokens} out; ${s.usage.attempts} attempt(s)${s.usage.unknown_usage_attempts ? ` (${s.usage.unknown_usage_attempts} with unknown usage)` : ""}`);

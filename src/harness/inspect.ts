@@ -6,7 +6,8 @@
 import { effectStatus } from "../state/effects.js";
 import type { Projection, SessionProjection } from "../state/projection.js";
 import { isUnresolvedUnknown } from "../state/projection.js";
-import type { Usage } from "../state/schema.js";
+import type { RunResult, Usage } from "../state/schema.js";
+import { describeRule } from "../state/approval.js";
 import { effectKey, effectScope } from "./effects.js";
 
 export interface CellSummary {
@@ -35,6 +36,8 @@ export interface ExecutionSummary {
   readonly sandbox: "bwrap" | "none" | null;
   /** Its network: "off" (none at all) or "host"; null when not started. */
   readonly network: "off" | "host" | null;
+  /** Its approval gate, when a rule asked for one: waiting, approved or denied, the rule, and when. */
+  readonly approval: { readonly state: "waiting" | "approved" | "denied"; readonly rule: string; readonly requested_at: string; readonly decided_at: string | null; readonly reason: string | null } | null;
   /** The effects it began or ended (`cairn effect`): "begun" while it runs, "uncertain" once it finished without ending one, "done". */
   readonly effects: readonly { readonly name: string; readonly status: "begun" | "uncertain" | "done"; readonly result?: unknown }[];
 }
@@ -63,14 +66,29 @@ export interface SessionSummary {
   readonly goal: string;
   readonly cwd: string;
   readonly created_at: string;
-  /** "running" until the run ends, then "success" or "failure"; "blocked" while it waits for an operator. */
-  /** `owner_gone` (set by `cairn status` only): unfinished, and no live worker holds the database. */
-  readonly status: "running" | "owner_gone" | "blocked" | "success" | "failure";
+  /**
+   * "running" until the run ends, then "success", "failure" or "cancelled"; "blocked" while it waits
+   * for an operator to fix its model; "paused" while an operator has it paused; "cancelling" between a
+   * cancel and the run's end; "forking" while a fork's copy of its origin is being made;
+   * "awaiting_approval" while a cell waits for a person's decision. `owner_gone` (set by `cairn
+   * status` only): unfinished, and no live worker holds the database.
+   */
+  readonly status: "running" | "owner_gone" | "blocked" | "paused" | "cancelling" | "forking" | "awaiting_approval" | RunResult;
+  /** Set while the run is paused: why, since when, and whether the running cell was stopped (`now`). */
+  readonly paused: { readonly reason: string; readonly at: string; readonly now: boolean } | null;
+  /** Set once an operator cancelled the run. */
+  readonly cancel_requested: { readonly reason: string; readonly at: string } | null;
+  /** Cells waiting for a person's approval (`cairn approve` / `cairn deny`). */
+  readonly awaiting_approval: readonly { readonly cell_id: number; readonly rule: string; readonly since: string; readonly summary: string }[];
+  /** The run's own approval rules (a worker may add its own), as `cairn run --require-approval` takes them. */
+  readonly approval_rules: readonly string[];
+  /** For a fork: the run and the round it was forked after. */
+  readonly fork_of: { readonly session: string; readonly round: number } | null;
   /** Why the run is blocked (fix it, then `cairn resume`), or null. */
   readonly blocked: { readonly cause: string; readonly reason: string; readonly at: string } | null;
   /** Posted observations the owner refused (the run had ended, the id conflicted...), with the reason. */
   readonly refused_posts: readonly { readonly id: string; readonly kind: string; readonly code: string; readonly reason: string; readonly at: string }[];
-  readonly result: { readonly result: "success" | "failure"; readonly reason: string; readonly at: string } | null;
+  readonly result: { readonly result: RunResult; readonly reason: string; readonly at: string } | null;
   readonly revision: number;
   readonly rounds: number;
   readonly cells: readonly CellSummary[];
@@ -133,8 +151,12 @@ export function summarizeSession(s: SessionProjection, db = ""): SessionSummary 
       host: e.started?.host ?? null,
       sandbox: e.started?.sandbox ?? null,
       network: e.started?.network ?? null,
+      approval: e.approval === null ? null : { ...e.approval },
       effects: e.effects.map((f) => (f.status === "done" ? { name: f.name, status: "done" as const, result: f.result ?? null } : { name: f.name, status: e.phase === "finished" ? ("uncertain" as const) : ("begun" as const) })),
     }));
+  const awaiting = [...s.executions.values()]
+    .filter((e) => e.phase === "queued" && e.approval?.state === "waiting")
+    .map((e) => ({ cell_id: e.cell_id, rule: e.approval!.rule, since: e.approval!.requested_at, summary: cells.find((c) => c.id === e.cell_id)?.summary ?? "" }));
   const scope = effectScope(db, s);
   const effects: EffectSummary[] = [...s.effects.values()].map((r) => ({
     name: r.name,
@@ -154,7 +176,25 @@ export function summarizeSession(s: SessionProjection, db = ""): SessionSummary 
     goal: s.goal,
     cwd: s.cwd,
     created_at: s.created_at,
-    status: s.terminal !== null ? s.terminal.result : s.blocked !== null ? "blocked" : "running",
+    status:
+      s.terminal !== null
+        ? s.terminal.result
+        : s.forming !== null
+          ? "forking"
+          : s.cancel_requested !== null
+            ? "cancelling"
+            : s.paused !== null
+              ? "paused"
+              : s.blocked !== null
+                ? "blocked"
+                : awaiting.length > 0
+                  ? "awaiting_approval"
+                  : "running",
+    paused: s.paused === null ? null : { reason: s.paused.reason, at: s.paused.at, now: s.paused.now },
+    cancel_requested: s.cancel_requested === null ? null : { reason: s.cancel_requested.reason, at: s.cancel_requested.at },
+    awaiting_approval: awaiting,
+    approval_rules: (s.approval ?? []).map(describeRule),
+    fork_of: s.fork_of === undefined ? null : { session: s.fork_of.session, round: s.fork_of.round },
     blocked: s.blocked === null ? null : { cause: s.blocked.cause, reason: s.blocked.reason, at: s.blocked.at },
     refused_posts: s.refused_posts.map((r) => ({ ...r })),
     result: s.terminal,

@@ -12,6 +12,7 @@ import { event, identity, observationId } from "./events.js";
 import type { ExecutionRecord, SessionProjection, TimerRecord, TurnRecord } from "./projection.js";
 import type { NoteCell, Observation, UnknownExecution } from "./schema.js";
 import { isExecutable } from "./schema.js";
+import type { ApprovalRule } from "./approval.js";
 
 type AcceptedRound = AdmissionContext["accepted"] extends ReadonlyMap<string, infer V> ? V : never;
 
@@ -117,8 +118,25 @@ function unknownEffects(ex: ExecutionRecord | undefined): Pick<UnknownExecution,
   return { uncertain_effects: uncertain, done_effects: done };
 }
 
-/** The UnknownExecution of a `started` execution whose worker was lost before it recorded a result. */
-export function lostWorker(ex: ExecutionRecord, stopped: { readonly worker_stopped: boolean; readonly detail: string }): FinishedBody {
+/**
+ * The UnknownExecution of a `started` execution whose worker was lost before it recorded a result.
+ * In a run an operator cancelled (`cancelling`), the result is `cancelled` instead: the run ends,
+ * and the detail says the same.
+ */
+export function lostWorker(ex: ExecutionRecord, stopped: { readonly worker_stopped: boolean; readonly detail: string }, cancelling = false): FinishedBody {
+  if (cancelling) {
+    return {
+      cell_id: ex.cell_id,
+      result: "cancelled",
+      exit_code: null,
+      signal: null,
+      duration_ms: null,
+      output_bytes: ex.output_bytes,
+      dropped_bytes: 0,
+      detail: `the run was cancelled; the worker that started this cell stopped before recording its result, and what it did is unknown; ${stopped.detail}`,
+      unknown: null,
+    };
+  }
   return {
     cell_id: ex.cell_id,
     result: "UnknownExecution",
@@ -150,25 +168,36 @@ export interface ProcessOutcome {
   readonly detail: string | null;
 }
 
+/** Who stopped a launched cell: a cancel note, an operator's pause with `now`, an operator's cancel of the run. */
+export type StoppedBy = "note" | "pause" | "cancel_run";
+
 /**
- * The result of a launched (or unlaunchable) execution. A cell whose process group a cancel note
- * stopped is UnknownExecution (`cancelled_after_launch`): what it did before the stop is unknown.
+ * The result of a launched (or unlaunchable) execution. A cell whose process group a cancel note or
+ * a pause with `now` stopped is UnknownExecution (`cancelled_after_launch`, `stopped_by_pause`): what
+ * it did before the stop is unknown, and the model must look. One stopped by an operator's cancel of
+ * the whole run is `cancelled`: the run ends, and no model will look. `stoppedBy` true means "note".
  */
-export function processFinished(s: SessionProjection, cellId: number, outcome: ProcessOutcome, cancelledAfterLaunch: boolean): FinishedBody {
+export function processFinished(s: SessionProjection, cellId: number, outcome: ProcessOutcome, stoppedBy: boolean | StoppedBy | null): FinishedBody {
   const ex = s.executions.get(cellId);
   const started = ex?.started;
+  const by: StoppedBy | null = stoppedBy === true ? "note" : stoppedBy === false ? null : stoppedBy;
+  if (by === "cancel_run") {
+    const why = `stopped by an operator's cancel of the run; what it did before the stop is unknown${outcome.detail !== null ? ` (${outcome.detail})` : ""}`;
+    return { cell_id: cellId, result: "cancelled", exit_code: outcome.exit_code, signal: outcome.signal, duration_ms: outcome.duration_ms, output_bytes: outcome.output_bytes, dropped_bytes: outcome.dropped_bytes, detail: why, unknown: null };
+  }
   return {
     cell_id: cellId,
-    result: cancelledAfterLaunch ? "UnknownExecution" : outcome.result,
+    result: by !== null ? "UnknownExecution" : outcome.result,
     exit_code: outcome.exit_code,
     signal: outcome.signal,
     duration_ms: outcome.duration_ms,
     output_bytes: outcome.output_bytes,
     dropped_bytes: outcome.dropped_bytes,
-    detail: outcome.detail,
-    unknown: cancelledAfterLaunch
-      ? { type: "UnknownExecution", cell_id: cellId, reason: "cancelled_after_launch", worker_stopped: true, evidence_refs: started ? [`event:${started.seq}`] : [], ...unknownEffects(ex) }
-      : null,
+    detail: by === "pause" ? `stopped by an operator's pause with --now${outcome.detail !== null ? ` (${outcome.detail})` : ""}` : outcome.detail,
+    unknown:
+      by !== null
+        ? { type: "UnknownExecution", cell_id: cellId, reason: by === "pause" ? "stopped_by_pause" : "cancelled_after_launch", worker_stopped: true, evidence_refs: started ? [`event:${started.seq}`] : [], ...unknownEffects(ex) }
+        : null,
   };
 }
 
@@ -263,6 +292,7 @@ export function sessionCreated(
     readonly validators?: readonly (readonly string[])[];
     readonly budgets?: EventBody<"session_created">["budgets"];
     readonly cellNetwork?: "off" | "host";
+    readonly approval?: readonly ApprovalRule[];
     /** 32 hex digits of randomness the run's effect keys derive from (the harness draws it). */
     readonly effectSeed?: string;
   },
@@ -274,6 +304,7 @@ export function sessionCreated(
     validators: (o.validators ?? []).map((v) => [...v]),
     budgets: o.budgets ?? {},
     ...(o.cellNetwork === "host" ? { cell_network: "host" as const } : {}),
+    ...(o.approval !== undefined && o.approval.length > 0 ? { approval: o.approval.map((r) => structuredClone(r)) } : {}),
     ...(o.effectSeed !== undefined ? { effect_seed: o.effectSeed } : {}),
   });
 }

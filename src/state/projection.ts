@@ -4,9 +4,10 @@
  *
  * Pure: no I/O, no clock.
  */
+import type { ApprovalRule } from "./approval.js";
 import type { CellEffect, EffectRecord } from "./effects.js";
-import type { Budgets } from "./events.js";
-import type { Cell, ExecutionPhase, ExecutionResult, Observation, RuntimeCell, State, UnknownExecution } from "./schema.js";
+import type { Budgets, ForkOrigin } from "./events.js";
+import type { Cell, ExecutionPhase, ExecutionResult, Observation, RunResult, RuntimeCell, State, UnknownExecution } from "./schema.js";
 
 /** How much of an execution's output State shows the model (the tail). The full output is in the log. */
 export const OUTPUT_TAIL_CHARS = 4000;
@@ -63,6 +64,17 @@ export interface ExecutionRecord {
   readonly effects: readonly CellEffect[];
   /** Effects it touched past MAX_CELL_EFFECTS (counted, not listed). */
   readonly effects_omitted: number;
+  /** Its approval gate, when a rule asked for one: waiting, or how a person decided. */
+  readonly approval: ApprovalRecord | null;
+}
+
+/** A cell's approval: asked when it was next to launch (`rule` says why), then decided by a person. */
+export interface ApprovalRecord {
+  readonly state: "waiting" | "approved" | "denied";
+  readonly rule: string;
+  readonly requested_at: string;
+  readonly decided_at: string | null;
+  readonly reason: string | null;
 }
 
 export interface TurnRecord {
@@ -126,6 +138,12 @@ export interface SessionProjection {
   readonly budgets: Budgets;
   /** "host" when the run asked for the host's network in its cells. */
   readonly cell_network?: "host";
+  /** The run's approval rules (absent: none; a worker may add its own). */
+  readonly approval?: readonly ApprovalRule[];
+  /** Set for a fork: the run and round it was forked from. */
+  readonly fork_of?: ForkOrigin;
+  /** While a fork's copy of its origin is being committed: the events copied so far; null otherwise. */
+  readonly forming: number | null;
   readonly created_at: string;
   /** The model's State. `runtime.inbox` holds the observations delivered to the open turn. */
   readonly state: State;
@@ -159,7 +177,11 @@ export interface SessionProjection {
   /** Consecutive accepted patches that left nothing to wait for. */
   readonly idle_streak: number;
   readonly idle_total: number;
-  readonly terminal: { readonly result: "success" | "failure"; readonly reason: string; readonly at: string } | null;
+  readonly terminal: { readonly result: RunResult; readonly reason: string; readonly at: string } | null;
+  /** Set while an operator has the run paused (cleared by unpause). */
+  readonly paused: { readonly reason: string; readonly at: string; readonly now: boolean; readonly request: string } | null;
+  /** Set once an operator cancelled the run; the driver then ends it as cancelled. */
+  readonly cancel_requested: { readonly reason: string; readonly at: string; readonly request: string } | null;
   /** Set while the run is parked waiting for an operator (cleared by the next model attempt or the end). */
   readonly blocked: { readonly cause: "auth" | "config" | "retry_budget"; readonly reason: string; readonly at: string; readonly turn: string } | null;
   /**
@@ -186,6 +208,14 @@ export function phasesOf(executions: ReadonlyMap<number, ExecutionRecord>): Map<
   const out = new Map<number, ExecutionPhase>();
   for (const [id, ex] of executions) out.set(id, ex.phase);
   return out;
+}
+
+/**
+ * A finished execution the model must see before the queue moves on: an `error`, an
+ * UnknownExecution, or a cell a person denied (whether it is still unseen is the caller's question).
+ */
+export function pausesQueue(ex: ExecutionRecord): boolean {
+  return ex.phase === "finished" && (ex.result === "error" || ex.result === "UnknownExecution" || ex.approval?.state === "denied");
 }
 
 /** An UnknownExecution that no resolution note has resolved yet. */
@@ -278,6 +308,7 @@ export function queuedExecution(cellId: number, kind: "script" | "cmd", queuedSe
     unknown: null,
     resolved_by: null,
     finished_seq: null,
+    approval: null,
     effects: [],
     effects_omitted: 0,
   };

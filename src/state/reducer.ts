@@ -132,6 +132,8 @@ export class Reducer {
     const s = this.sessions.get(e.session);
     if (s === undefined) throw new LogCorrupt(`event ${e.identity} (seq ${e.seq}) names unknown session ${e.session}`);
     s.last_seq = e.seq;
+    // A fork being copied counts what was copied (the copier resumes after it on a redelivery).
+    if (s.forming !== null && e.kind !== "owner_claimed" && e.kind !== "fork_completed") s.forming += 1;
 
     switch (e.kind) {
       case "inbox_received": {
@@ -302,6 +304,7 @@ export class Reducer {
       case "run_ended": {
         s.terminal = { result: e.body.result, reason: e.body.reason, at: e.at };
         s.blocked = null;
+        s.paused = null;
         // The run decides nothing more: keep only the most recent history (history.ts).
         dropHistory(s, ENDED_HISTORY_KEEP);
         return;
@@ -309,6 +312,35 @@ export class Reducer {
       case "run_blocked": {
         turnOf(s, e.body.turn, e);
         s.blocked = { cause: e.body.cause, reason: e.body.reason, at: e.at, turn: e.body.turn };
+        return;
+      }
+      case "run_paused": {
+        s.paused = { reason: e.body.reason, at: e.at, now: e.body.now, request: e.body.request };
+        return;
+      }
+      case "run_unpaused": {
+        s.paused = null;
+        return;
+      }
+      case "run_cancel_requested": {
+        s.cancel_requested ??= { reason: e.body.reason, at: e.at, request: e.body.request };
+        return;
+      }
+      case "approval_requested": {
+        const ex = executionOf(s, e.body.cell_id, e);
+        if (ex.phase !== "queued") throw new LogCorrupt(`approval asked for cell ${ex.cell_id}, whose execution is ${ex.phase} (seq ${e.seq})`);
+        setExecution(s.executions, ex.cell_id, { ...ex, approval: { state: "waiting", rule: e.body.rule, requested_at: e.at, decided_at: null, reason: null } });
+        return;
+      }
+      case "approval_decided": {
+        const ex = executionOf(s, e.body.cell_id, e);
+        if (ex.approval === null || ex.approval.state !== "waiting") throw new LogCorrupt(`approval of cell ${ex.cell_id} decided, but it was not waiting for one (seq ${e.seq})`);
+        setExecution(s.executions, ex.cell_id, { ...ex, approval: { ...ex.approval, state: e.body.decision, decided_at: e.at, reason: e.body.reason === "" ? null : e.body.reason } });
+        return;
+      }
+      case "fork_completed": {
+        s.forming = null;
+        s.idle_streak = 0;
         return;
       }
       case "post_refused": {
@@ -339,6 +371,9 @@ function newSession(id: string, at: string, body: LogEvent<"session_created">["b
     validators: body.validators,
     budgets: body.budgets,
     ...(body.cell_network !== undefined ? { cell_network: body.cell_network } : {}),
+    ...(body.approval !== undefined && body.approval.length > 0 ? { approval: body.approval } : {}),
+    ...(body.fork !== undefined ? { fork_of: body.fork } : {}),
+    forming: body.fork !== undefined ? 0 : null,
     created_at: at,
     state: initialState(id, body.goal),
     cells: new Map(),
@@ -356,6 +391,8 @@ function newSession(id: string, at: string, body: LogEvent<"session_created">["b
     idle_streak: 0,
     idle_total: 0,
     terminal: null,
+    paused: null,
+    cancel_requested: null,
     blocked: null,
     refused_posts: [],
     effect_seed: body.effect_seed ?? null,

@@ -26,6 +26,10 @@ export type NoteRole = z.infer<typeof NoteRole>;
 export const ConclusionResult = z.enum(["success", "failure"]);
 export type ConclusionResult = z.infer<typeof ConclusionResult>;
 
+/** How a run ended: the model's conclusion (success, failure), or an operator's cancel. */
+export const RunResult = z.enum(["success", "failure", "cancelled"]);
+export type RunResult = z.infer<typeof RunResult>;
+
 export const NoteCell = z.strictObject({
   ...cellBase,
   kind: z.literal("note"),
