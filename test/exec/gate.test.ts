@@ -15,7 +15,8 @@ import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { createExecutor } from "../../src/exec/executor.js";
 import { cellEnvironment } from "../../src/exec/environment.js";
-import { createNativeLauncher, nativeLauncherPath, type GateExit, type GateLauncher, type GateProcess } from "../../src/exec/launcher.js";
+import type { GateExit, GateLauncher, GateProcess } from "../../src/exec/gate.js";
+import { createNativeLauncher, nativeLauncherPath } from "../../src/exec/launcher.js";
 import { readProcStat } from "../../src/exec/procfs.js";
 import { comm, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
 

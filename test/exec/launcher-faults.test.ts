@@ -16,7 +16,8 @@ import { connect, type Socket } from "node:net";
 import { dirname, join } from "node:path";
 import { after, describe, test } from "node:test";
 import { createExecutor, type Executor, type GatedLaunch, type LaunchSpec, type Prepared } from "../../src/exec/executor.js";
-import { createNativeLauncher, type GateLauncher, nativeLauncherPath } from "../../src/exec/launcher.js";
+import type { GateLauncher } from "../../src/exec/gate.js";
+import { createNativeLauncher, nativeLauncherPath } from "../../src/exec/launcher.js";
 import { liveGroupMembers, readProcStat } from "../../src/exec/procfs.js";
 import { closedAfterWriting, collector, comm, isAlive, killGroupQuietly, tempDir, waitFor } from "./helpers.js";
 
