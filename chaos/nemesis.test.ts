@@ -4,7 +4,8 @@
  * acknowledgements and failed commits through CAIRN_CHAOS_STORAGE_FAULT), a real three-member etcd
  * cluster (a member, the leader or two members killed or frozen; iptables isolating a member or the
  * replicated owners from some or all members) and a full tmpfs under a sqlite database, overlapping at
- * random; then every fault heals and every run must end. The verdict comes from the checker alone,
+ * random; the cells make their effects through the effect ledger (`cairn effect begin/end`) and
+ * record its answers; then every fault heals and every run must end. The verdict comes from the checker alone,
  * reading the history and the final logs; it does not depend on timing: a slow machine makes fewer
  * faults land on a live worker, never an anomaly. Longer runs: `npm run chaos -- --seed N --minutes M`.
  */
@@ -26,6 +27,9 @@ describe("nemesis (CI profile)", { skip: unavailable ?? false }, () => {
     assert.equal(r.failure, "", `${r.failure}\nthe history is kept in ${r.root}`);
     // Worker faults find no live worker now and then (a restart in progress): most still land.
     assert.ok(r.faultsInjected >= FAULTS * 0.6, `only ${r.faultsInjected} of ${FAULTS} scheduled faults were injected`);
+    // Every effect a successful run made was answered proceed once: the ledger checks had work to check.
+    const ledger = r.verdict.stats.ledger;
+    assert.ok((ledger["proceed"] ?? 0) >= r.verdict.stats.runs.success * 2, `the cells were answered proceed ${ledger["proceed"] ?? 0} times for ${r.verdict.stats.runs.success} successful runs of 2 to 4 effects each`);
     removeRun(r.root);
   });
 });

@@ -28,12 +28,13 @@ describe("partition: staging the owner for another user", () => {
     assert.equal(existsSync(join(locked, "app")), false);
   });
 
-  it("copies the owner's sources, package.json, tsconfig.json and node_modules, every file world-readable and every directory traversable", () => {
+  it("copies the owner's sources, package.json, tsconfig.json, node_modules and the cell launcher, every file world-readable and every directory traversable", () => {
     chmodSync(root, 0o711);
     const staged = stageOwner(join(root, "app"));
     assert.equal(relative(staged.root, staged.entry), join("chaos", "partition", "owner.ts"));
     const top = readdirSync(staged.root).sort();
-    assert.deepEqual(top, ["chaos", "node_modules", "package.json", "src", "storage-adapters", "tsconfig.json"]);
+    assert.deepEqual(top, ["build", "chaos", "node_modules", "package.json", "src", "storage-adapters", "tsconfig.json"]);
+    assert.equal(statSync(join(staged.root, "build", "cairn-launcher")).mode & 0o777, 0o755, "the cell launcher, executable by the other user");
     assert.deepEqual(readdirSync(join(staged.root, "chaos")), ["partition"], "only the owner's part of chaos/");
     assert.ok(!existsSync(join(staged.root, "src", "harness")), "nothing the owner does not import");
     for (const pkg of ["tsx", "etcd3", "better-sqlite3", "zod"]) assert.ok(existsSync(join(staged.root, "node_modules", pkg, "package.json")), pkg);

@@ -20,7 +20,7 @@ import { main } from "../src/cli/main.js";
 import { cleanupProcesses, describe as said, runCairn, startCairn, type CliProcess } from "./support/cli.js";
 import { readLog, ofKind } from "./support/log.js";
 import { cmdPatch, concludePatch, writeScript } from "./support/patches.js";
-import { alive, groupMembers, stat, track, until } from "./support/procs.js";
+import { alive, groupMembers, processesRunning, stat, track, until } from "./support/procs.js";
 
 const root = mkdtempSync(join(tmpdir(), "cairn-chaos-sched-"));
 after(() => {
@@ -79,10 +79,11 @@ describe("owners, survivors and submitted runs with real processes", () => {
     const work2 = join(dir, "work2");
     mkdirSync(work2);
     const first = join(dir, "first.json");
-    writeScript(first, [cmdPatch(0, 1, ["sh", "-c", "sleep 30 & echo $! > sleep.pid.tmp; mv sleep.pid.tmp sleep.pid; wait"])]);
+    // A sleep of its own length, so this host's pid of it can be found (the cell's own pids are its sandbox's).
+    const sleepArgv = ["sleep", `30.${process.pid}`];
+    writeScript(first, [cmdPatch(0, 1, ["sh", "-c", `${sleepArgv.join(" ")} & touch sleep.started; wait`])]);
     const proc = startCairn(["run", "leave a survivor", "--db", "w", "--data-dir", data, "--cwd", work, "--model", `scripted:${first}`]);
-    const pidFile = join(work, "sleep.pid");
-    const sleepPid = await until("the cell's sleep to start", () => (existsSync(pidFile) ? Number(readFileSync(pidFile, "utf8").trim()) : undefined), 60_000);
+    const sleepPid = await until("the cell's sleep to start", () => (existsSync(join(work, "sleep.started")) ? processesRunning(sleepArgv)[0] : undefined), 60_000);
     track(sleepPid);
     const sleepStart = stat(sleepPid)!.startTime;
     proc.child.kill("SIGKILL");
@@ -95,7 +96,8 @@ describe("owners, survivors and submitted runs with real processes", () => {
     const probe = `alive=gone; for f in /proc/[0-9]*/stat; do set -- $(sed 's/.*) //' "$f" 2>/dev/null); [ "$3" = "${pgid}" ] && [ "$1" != Z ] && alive=alive; done; echo $alive >> probe.txt`;
     const second = join(dir, "second.json");
     writeScript(second, [cmdPatch(0, 1, ["sh", "-c", probe]), concludePatch(1, 2, "failure", "the probe has run")]);
-    const r = await runCairn(["run", "a new goal", "--db", "w", "--data-dir", data, "--cwd", work2, "--model", `scripted:${second}`]);
+    // Without a sandbox: the probe cell must see this host's /proc (a sandboxed one sees only its own).
+    const r = await runCairn(["run", "a new goal", "--db", "w", "--data-dir", data, "--cwd", work2, "--model", `scripted:${second}`, "--sandbox", "none"]);
     assert.ok(r.code === 0 || r.code === 1, said(r));
     assert.match(r.stdout, /continuing 1 unfinished run\(s\) of the last owner: s1; 1 interrupted cell/);
     assert.equal(readFileSync(join(work2, "probe.txt"), "utf8"), "gone\n", "the new run's first cell ran after the old group was stopped");

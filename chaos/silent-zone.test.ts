@@ -133,7 +133,9 @@ describe("a silent zone: lease, self-fencing and failover", { skip: unavailable 
     const home = join(t.dir, "a-home");
     mkdirSync(join(home, "tmp"), { recursive: true });
     for (const d of [home, join(home, "tmp")]) chownSync(d, nobody.uid, nobody.gid);
-    const effects = join(t.dir, "effects");
+    // Inside A's workspace (its cwd), the one place its sandboxed cell may write; B's cell runs in the
+    // same cwd (the run's), as another user: hence a directory anyone may write.
+    const effects = join(home, "effects");
     mkdirSync(effects, { recursive: true, mode: 0o777 });
     chmodSync(effects, 0o777);
     const oldFile = join(effects, "old");

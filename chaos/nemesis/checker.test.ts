@@ -29,7 +29,9 @@ function clean() {
       return;
     }
     const first = seq + 1;
-    for (const e of events) log.push({ seq: ++seq, kind: e.kind, identity: e.identity, session: e.session, body: e.cell !== undefined ? { cell_id: e.cell, exit_code: e.kind === "execution_finished" ? 0 : null } : {} });
+    // An effect event's name is its identity's third part (`effect:<session>:<name>:<attempt>`, `effect_end:<session>:<name>`).
+    const name = (e: HEvent) => (e.kind.startsWith("effect_") ? { name: e.identity.split(":")[2]! } : {});
+    for (const e of events) log.push({ seq: ++seq, kind: e.kind, identity: e.identity, session: e.session, body: e.cell !== undefined ? { cell_id: e.cell, exit_code: e.kind === "execution_finished" ? 0 : null, ...name(e) } : {} });
     if (outcome === "ok") h.push({ type: "ok", db: DB, worker, epoch, op, firstSeq: first, lastSeq: seq, at: at() });
     if (outcome === "uncertain") h.push({ type: "fail", db: DB, worker, epoch, op, outcome: "uncertain", code: "uncertain", reason: null, message: "lost", at: at() });
   };
@@ -146,6 +148,24 @@ describe("nemesis checker", () => {
     caught(run(h, log, effects, { ackedCommits: 1, successfulRuns: 2 }), "floor");
   });
 
+  it("a schedule where no cell wrote an effect line fails the floor: its effect checks proved nothing", () => {
+    const { h, log } = clean();
+    const v = run(h, log, []);
+    caught(v, "floor");
+    assert.match(v.anomalies.find((a) => a.check === "floor")!.message, /only 0 effects were made/);
+    // Ticks and ledger answers are not effects made.
+    caught(run(h, log, [`tick s1 1 1 ${at()}`, `ledger s1 1 1 ${at()} e1 refused-1`]), "floor");
+  });
+
+  it("a schedule where the ledger never answered proceed fails the floor that asks for one: its ledger checks proved nothing", () => {
+    const { h, log, effects } = clean();
+    const refused = [...effects, `ledger s1 2 2 ${at()} e2 refused-1`];
+    assert.deepEqual(run(h, log, refused).anomalies, [], "no floor on proceeds unless asked");
+    const v = run(h, log, refused, { ...FLOOR, proceeds: 1 });
+    caught(v, "floor");
+    assert.match(v.anomalies.find((a) => a.check === "floor")!.message, /answered proceed 0 times/);
+  });
+
   it("a final log that was not read", () => {
     const { h, effects } = clean();
     const v = check({ history: h, finals: new Map(), effects: new Map([[DB, effects]]), floor: FLOOR });
@@ -161,5 +181,54 @@ describe("nemesis checker", () => {
     assert.deepEqual(v.anomalies, []);
     assert.equal(v.stats.commits.refused, 1);
     assert.equal(v.stats.commits.uncertain, 1);
+  });
+
+  describe("the effect ledger", () => {
+    /** clean(), where w2's cell 2 asks the ledger for e2, is answered proceed, makes it and ends it. */
+    function ledger() {
+      const c = clean();
+      c.commit("w2", 2, [{ kind: "effect_begun", identity: "effect:s1:e2:1", session: "s1", cell: 2 }]);
+      c.commit("w2", 2, [{ kind: "effect_ended", identity: "effect_end:s1:e2", session: "s1", cell: 2 }]);
+      const t = Number(c.effects[1]!.split(" ")[3]);
+      const effects = [c.effects[0]!, `ledger s1 2 2 ${t} e2 proceed`, `s1 2 2 ${t} e2`];
+      return { ...c, effects, t };
+    }
+
+    it("passes a run whose cells asked the ledger, and one told done that made nothing", () => {
+      const { h, log, effects, t } = ledger();
+      assert.deepEqual(run(h, log, effects).anomalies, []);
+      assert.deepEqual(run(h, log, effects).stats.ledger, { proceed: 1 });
+      // A cell told done exits 0 without an effect line: not a lost effect.
+      assert.deepEqual(run(h, log, [effects[0]!, `ledger s1 2 2 ${t} e2 done`]).anomalies, []);
+    });
+
+    it("an effect made twice by two cells (one line each, so no cell wrote too many)", () => {
+      const { h, log, effects, t } = ledger();
+      const v = run(h, log, [`s1 1 1 ${t - 50} e2`, ...effects.slice(1)]);
+      caught(v, "effect-twice");
+      assert.equal(v.anomalies.filter((a) => a.check === "effect-excess").length, 0, "each cell wrote one line: only the ledger check sees it");
+    });
+
+    it("proceed answered after done was", () => {
+      const { h, log, effects, t } = ledger();
+      caught(run(h, log, [effects[0]!, `ledger s1 2 2 ${t} e2 done`, ...effects.slice(1)]), "proceed-after-done");
+    });
+
+    it("done answered for an effect the run never ended (another run's, or nobody's)", () => {
+      const { h, log, effects, t } = ledger();
+      caught(run(h, log, [...effects, `ledger s1 2 2 ${t} e9 done`]), "done-without-end");
+      caught(run(h, log, [...effects, `ledger s2 2 2 ${t} e2 done`]), "done-without-end");
+    });
+
+    it("proceed answered to a cell whose begin is not in the log (answered before it was durable)", () => {
+      const { h, log, effects, t } = ledger();
+      caught(run(h, log, [...effects, `ledger s1 2 2 ${t} e7 proceed`]), "proceed-not-durable");
+      caught(run(h, log, [`ledger s1 1 1 ${t - 60} e2 proceed`, ...effects]), "proceed-not-durable");
+    });
+
+    it("a ledger line of the old owner's cell after the new owner launched", () => {
+      const { h, log, effects } = ledger();
+      caught(run(h, log, [...effects, `ledger s1 1 1 ${clock + 1000} e2 uncertain`]), "effect-after-newer-owner");
+    });
   });
 });

@@ -8,7 +8,14 @@
  * - seq-gap / identity-duplicate: the final log's seqs are not 1..head, or an identity appears twice;
  * - double-start: a cell version with two `execution_started` events;
  * - effect-excess: more effect lines for a cell than `started` executions of it; effect-lost: a cell
- *   that finished with exit code 0 left no line;
+ *   that finished with exit code 0 left no line (neither an effect line nor a ledger answer that the
+ *   effect was done or found);
+ * - the effect ledger (cells ask `cairn effect begin` before making their effect and record the
+ *   answer on a `ledger` line): effect-twice, an effect of a run made more than once (its line twice,
+ *   whichever cells wrote it); proceed-after-done, a `proceed` answered for an effect after a `done`
+ *   was; done-without-end, a `done` answered for an effect the run's final log never ended (an
+ *   answer from nowhere, or from another run's ledger); proceed-not-durable, a `proceed` answered to
+ *   a cell whose begin of that effect is not in the final log (answered before it was durable);
  * - effect-after-newer-owner: an effect line (or a long cell's `tick` line) written by an owner's cell
  *   after a newer owner's first `execution_started` was acknowledged (the old cell outlived the
  *   takeover);
@@ -16,7 +23,9 @@
  *   (a commit that landed after a newer epoch was claimed); phantom-event: an event no worker sent;
  * - run-not-ended: a run without exactly one `run_ended`; submitted-run-missing: a submitted request
  *   without its run;
- * - floor: too little acknowledged work (a schedule where everything failed proves nothing).
+ * - floor: too little acknowledged work, or no effect made and no `proceed` answered by the ledger (a
+ *   schedule where everything failed, where no cell could start, or where no cell reached the ledger,
+ *   proves nothing).
  *
  * Timestamps compared (effect lines against acknowledgements) come from one machine's clock, and each
  * is taken on the safe side: a cell stamps its line before writing it, a worker records an
@@ -30,12 +39,16 @@ export interface FinalEvent {
   readonly kind: string;
   readonly identity: string;
   readonly session: string;
-  readonly body: { readonly cell_id?: number; readonly exit_code?: number | null; readonly result?: string; readonly goal?: string };
+  readonly body: { readonly cell_id?: number; readonly exit_code?: number | null; readonly result?: string; readonly goal?: string; readonly name?: string };
 }
 
 export interface Floor {
   readonly ackedCommits: number;
   readonly successfulRuns: number;
+  /** Effects the cells must have made (1 unless told): none means no cell ran, and every effect check held vacuously. */
+  readonly effectLines?: number;
+  /** `proceed`s the ledger must have answered the cells (0 unless told): none means the ledger checks held vacuously. */
+  readonly proceeds?: number;
 }
 
 export interface Anomaly {
@@ -57,6 +70,10 @@ export interface Verdict {
     readonly faults: Record<string, number>;
     readonly posts: Record<string, number>;
     readonly effectLines: number;
+    /** Effect lines that are neither ticks nor ledger answers: effects the cells made. */
+    readonly effectsMade: number;
+    /** What `cairn effect begin` answered the cells, by first word (refusals as `refused-<exit code>`; `found` when a cell found an uncertain effect done). */
+    readonly ledger: Record<string, number>;
   };
 }
 
@@ -118,6 +135,8 @@ export function check(input: CheckInput): Verdict {
   }
 
   let effectLines = 0;
+  let effectsMade = 0;
+  const ledger: Record<string, number> = {};
   const runs = { success: 0, failure: 0, unfinished: 0 };
   for (const db of [...dbs].sort()) {
     const log = finals.get(db);
@@ -176,21 +195,29 @@ export function check(input: CheckInput): Verdict {
     const lines = (effects.get(db) ?? []).filter((l) => l.trim() !== "");
     effectLines += lines.length;
     const perCell = new Map<string, string[]>();
-    const parsed: { session: string; cell: number; epoch: number; ms: number; text: string }[] = [];
+    const parsed: { session: string; cell: number; epoch: number; ms: number; text: string; effect?: string }[] = [];
     const ticks: typeof parsed = [];
-    for (const text of lines) {
+    const answers: (typeof parsed[number] & { effect: string; answer: string; line: number })[] = [];
+    for (const [n, text] of lines.entries()) {
       const t = /^tick (\S+) (\d+) (\d+) (\d+)$/.exec(text.trim());
       if (t !== null) {
         ticks.push({ session: t[1]!, cell: Number(t[2]), epoch: Number(t[3]), ms: Number(t[4]), text });
         continue;
       }
-      const m = /^(\S+) (\d+) (\d+) (\d+)$/.exec(text.trim());
+      const l = /^ledger (\S+) (\d+) (\d+) (\d+) (\S+) (\S+)$/.exec(text.trim());
+      if (l !== null) {
+        answers.push({ session: l[1]!, cell: Number(l[2]), epoch: Number(l[3]), ms: Number(l[4]), text, effect: l[5]!, answer: l[6]!, line: n });
+        ledger[l[6]!] = (ledger[l[6]!] ?? 0) + 1;
+        continue;
+      }
+      const m = /^(\S+) (\d+) (\d+) (\d+)(?: (\S+))?$/.exec(text.trim());
       if (m === null) {
         add({ check: "effect-malformed", db, message: `the effect file holds a line that no cell writes: ${JSON.stringify(text)}`, excerpt: [text] });
         continue;
       }
-      const p = { session: m[1]!, cell: Number(m[2]), epoch: Number(m[3]), ms: Number(m[4]), text };
+      const p = { session: m[1]!, cell: Number(m[2]), epoch: Number(m[3]), ms: Number(m[4]), text, ...(m[5] !== undefined ? { effect: m[5] } : {}) };
       parsed.push(p);
+      effectsMade++;
       const k = `${p.session} ${p.cell}`;
       perCell.set(k, [...(perCell.get(k) ?? []), text]);
     }
@@ -198,11 +225,13 @@ export function check(input: CheckInput): Verdict {
       const n = starts.get(k)?.length ?? 0;
       if (ls.length > n) add({ check: "effect-excess", db, message: `cell ${k} (session, cell) wrote ${ls.length} effect lines but was started ${n} times`, excerpt: [...ls, ...(starts.get(k) ?? []).map(ev)] });
     }
+    const settled = new Set(answers.filter((a) => a.answer === "done" || a.answer === "found").map((a) => `${a.session} ${a.cell}`));
     for (const e of log) {
       if (e.kind !== "execution_finished" || e.body.exit_code !== 0) continue;
       const k = `${e.session} ${e.body.cell_id}`;
-      if (!perCell.has(k)) add({ check: "effect-lost", db, message: `cell ${k} (session, cell) finished with exit code 0 but its effect line is missing`, excerpt: [ev(e)] });
+      if (!perCell.has(k) && !settled.has(k)) add({ check: "effect-lost", db, message: `cell ${k} (session, cell) finished with exit code 0 but its effect line is missing (and the ledger did not tell it the effect was done)`, excerpt: [ev(e)] });
     }
+    checkLedger(db, log, parsed, answers, add);
     // the first acknowledged `execution_started` of each epoch
     const firstLaunch = new Map<number, { i: number; r: Extract<HRecord, { type: "ok" }> }>();
     history.forEach((r, i) => {
@@ -211,7 +240,7 @@ export function check(input: CheckInput): Verdict {
       if (inv?.r.events.some((e: HEvent) => e.kind === "execution_started")) firstLaunch.set(r.epoch, { i, r });
     });
     const reported = new Set<string>();
-    for (const p of [...parsed, ...ticks].sort((a, b) => a.ms - b.ms)) {
+    for (const p of [...parsed, ...ticks, ...answers].sort((a, b) => a.ms - b.ms)) {
       const what = `${p.session} ${p.cell} ${p.epoch}`;
       if (reported.has(what)) continue; // one anomaly per cell and owner, its first line after the takeover
       for (const [epoch, f] of firstLaunch) {
@@ -220,7 +249,7 @@ export function check(input: CheckInput): Verdict {
           add({
             check: "effect-after-newer-owner",
             db,
-            message: `cell ${p.session} ${p.cell} of the owner at epoch ${p.epoch} ${p.text.startsWith("tick") ? "was still running (a tick line)" : "wrote its effect line"} at ${p.ms}, after the owner at epoch ${epoch} launched its first cell (acknowledged at ${f.r.at})`,
+            message: `cell ${p.session} ${p.cell} of the owner at epoch ${p.epoch} ${p.text.startsWith("tick") ? "was still running (a tick line)" : p.text.startsWith("ledger") ? "was still running (a ledger line)" : "wrote its effect line"} at ${p.ms}, after the owner at epoch ${epoch} launched its first cell (acknowledged at ${f.r.at})`,
             excerpt: [p.text, line(f.i, f.r)],
           });
           break;
@@ -275,7 +304,53 @@ export function check(input: CheckInput): Verdict {
   if (commits.acknowledged < floor.ackedCommits) add({ check: "floor", db: "*", message: `only ${commits.acknowledged} commits were acknowledged (the floor is ${floor.ackedCommits})`, excerpt: [`commits: ${JSON.stringify(commits)}`] });
   if (runs.success < floor.successfulRuns) add({ check: "floor", db: "*", message: `only ${runs.success} runs ended in success (the floor is ${floor.successfulRuns})`, excerpt: [`runs: ${JSON.stringify(runs)}`] });
 
-  return { anomalies, stats: { commits, runs, opens, fences, exits, faults, posts, effectLines } };
+  const lineFloor = floor.effectLines ?? 1;
+  if (effectsMade < lineFloor) add({ check: "floor", db: "*", message: `only ${effectsMade} effects were made (${effectLines} lines in the effect files; the floor is ${lineFloor}): the cells did not run, so the effect checks proved nothing (see the execution_finished details in the final logs)`, excerpt: [`runs: ${JSON.stringify(runs)}`] });
+  // A cell whose `cairn effect` failed still writes its ledger line (refused-N) and no effect.
+  const proceeds = ledger.proceed ?? 0;
+  if (proceeds < (floor.proceeds ?? 0)) add({ check: "floor", db: "*", message: `the ledger answered proceed ${proceeds} times (the floor is ${floor.proceeds}): the cells did not reach the ledger, so the ledger checks proved nothing`, excerpt: [`ledger answers: ${JSON.stringify(ledger)}`] });
+
+  return { anomalies, stats: { commits, runs, opens, fences, exits, faults, posts, effectLines, effectsMade, ledger } };
+}
+
+/** The effect-ledger checks of one database (see the module comment). */
+function checkLedger(
+  db: string,
+  log: readonly FinalEvent[],
+  made: readonly { session: string; cell: number; text: string; effect?: string }[],
+  answers: readonly { session: string; cell: number; text: string; effect: string; answer: string; line: number }[],
+  add: (a: Anomaly) => void,
+): void {
+  // Made at most once per run: two lines of one effect, whichever cells wrote them.
+  const lines = new Map<string, string[]>();
+  for (const m of made) {
+    if (m.effect === undefined) continue;
+    const k = `${m.session} ${m.effect}`;
+    lines.set(k, [...(lines.get(k) ?? []), m.text]);
+  }
+  for (const [k, ls] of lines) if (ls.length > 1) add({ check: "effect-twice", db, message: `effect ${k} (session, effect) was made ${ls.length} times`, excerpt: ls });
+  // No proceed once done was answered (file order is the order the answers were recorded in).
+  const doneSeen = new Map<string, (typeof answers)[number]>();
+  for (const a of answers) {
+    const k = `${a.session} ${a.effect}`;
+    if (a.answer === "done") {
+      if (!doneSeen.has(k)) doneSeen.set(k, a);
+    } else if (a.answer === "proceed" && doneSeen.has(k)) {
+      add({ check: "proceed-after-done", db, message: `effect ${k} (session, effect): cell ${a.cell} was answered proceed after cell ${doneSeen.get(k)!.cell} was answered done`, excerpt: [doneSeen.get(k)!.text, a.text] });
+    }
+  }
+  // Every answer agrees with the run's final log: done only for an ended effect, proceed only for a
+  // begin of that cell that is there (committed before it was answered).
+  const ended = new Set(log.filter((e) => e.kind === "effect_ended").map((e) => `${e.session} ${e.body.name}`));
+  const begun = new Set(log.filter((e) => e.kind === "effect_begun").map((e) => `${e.session} ${e.body.cell_id} ${e.body.name}`));
+  for (const a of answers) {
+    if (a.answer === "done" && !ended.has(`${a.session} ${a.effect}`)) {
+      add({ check: "done-without-end", db, message: `cell ${a.session} ${a.cell} was answered done for ${a.effect}, which the run's final log never ended`, excerpt: [a.text] });
+    }
+    if (a.answer === "proceed" && !begun.has(`${a.session} ${a.cell} ${a.effect}`)) {
+      add({ check: "proceed-not-durable", db, message: `cell ${a.session} ${a.cell} was answered proceed for ${a.effect}, but its begin is not in the final log`, excerpt: [a.text] });
+    }
+  }
 }
 
 /** The failure report: the seed, then each anomaly with its excerpt. */

@@ -609,7 +609,7 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
       finals.set(db.name, readFileSync(join(root, "final", `${db.name}.jsonl`), "utf8").split("\n").filter((l) => l !== "").map((l) => JSON.parse(l) as FinalEvent));
       effectsByDb.set(db.name, existsSync(db.effectFile) ? readFileSync(db.effectFile, "utf8").split("\n") : []);
     }
-    const floor = o.floor ?? { ackedCommits: Math.max(20, o.runs * 4), successfulRuns: Math.ceil(o.runs / 2) };
+    const floor = o.floor ?? { ackedCommits: Math.max(20, o.runs * 4), successfulRuns: Math.ceil(o.runs / 2), effectLines: 1, proceeds: 1 };
     const verdict = check({ history, finals, effects: effectsByDb, floor });
     // recovery: a worker killed → the next opening of its database
     for (const l of lostAt) {
@@ -622,7 +622,8 @@ export async function runNemesis(o: NemesisOptions): Promise<NemesisResult> {
       `nemesis seed ${o.seed}: ${injected} faults injected, ${verdict.anomalies.length} anomalies`,
       `  faults by kind: ${Object.entries(st.faults).sort().map(([k, v]) => `${k} ${v}`).join(", ")}`,
       `  commits: ${st.commits.acknowledged} acknowledged, ${st.commits.refused} refused, ${st.commits.uncertain} uncertain; opens ${st.opens}, fences seen ${st.fences}`,
-      `  runs: ${st.runs.success} success, ${st.runs.failure} failure, ${st.runs.unfinished} unfinished; effect lines ${st.effectLines}; posts ${Object.entries(st.posts).map(([k, v]) => `${k} ${v}`).join(", ")}`,
+      `  runs: ${st.runs.success} success, ${st.runs.failure} failure, ${st.runs.unfinished} unfinished; effect lines ${st.effectLines} (effects made ${st.effectsMade}); posts ${Object.entries(st.posts).map(([k, v]) => `${k} ${v}`).join(", ")}`,
+      `  effect ledger answers: ${Object.entries(st.ledger).sort().map(([k, v]) => `${k} ${v}`).join(", ") || "none"}`,
       `  worker exits: ${Object.entries(st.exits).sort().map(([k, v]) => `${k}: ${v}`).join(", ")}`,
       `  recovery after a killed worker (kill → next open): p50 ${percentile(recoveryMs, 50)} ms, p90 ${percentile(recoveryMs, 90)} ms, max ${percentile(recoveryMs, 100)} ms (n=${recoveryMs.length})`,
     ].join("\n");

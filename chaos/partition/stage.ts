@@ -103,6 +103,9 @@ export function stageForOtherUser(repo: string, entry: string, dest: string): st
     }
     for (const spec of bare) packages.add(packageName(spec));
   }
+  // The cell launcher, where the sources look for it (build/ at the root, src/exec/launcher.ts).
+  const launcher = join(repo, "build", "cairn-launcher");
+  if (existsSync(launcher)) files.add(launcher);
   for (const file of [...files, join(repo, "package.json"), join(repo, "tsconfig.json")]) {
     if (!file.startsWith(repo + sep)) throw new Error(`staging ${relative(repo, entry)}: ${file} is outside the repository`);
     copyReadable(file, join(dest, relative(repo, file)), false);

@@ -1,5 +1,5 @@
 /**
- * The `cairn` command: run, resume, status, post, serve, timer, cluster.
+ * The `cairn` command: run, resume, status, post, serve, timer, effect, cluster.
  *
  * The only place that wires concrete adapters and providers together. Every failure ends with one
  * sentence on stderr and a documented exit code (see exit.ts), never a stack trace.
@@ -44,9 +44,12 @@ usage:
   cairn status --db NAME [--session ID] [--json]
   cairn log --db NAME [--session ID] [--cell N] [--follow] [--json]
   cairn post --db NAME --session ID --id ID --kind KIND --payload JSON
+  cairn pause|unpause|cancel --db NAME --session ID [--reason TEXT]       (pause --now stops the running cell)
+  cairn approve|deny --db NAME --session ID --cell N [--reason TEXT]     (a cell waiting for approval)
   cairn serve --db NAME --model SPEC [--listen HOST:PORT] [--create] [--takeover]
   cairn ui --db NAME [--listen HOST:PORT]                               (the timeline page, read-only)
   cairn timer --id ID (--in DURATION | --at ISO-TIME) [--note TEXT]    (inside a running cell)
+  cairn effect begin|end|key NAME [--retry] [--result JSON]            (inside a running cell)
   cairn cluster up|down|status|stop|start [MEMBER] [--dir DIR]          (a local 3-zone etcd)
 
 Run \`cairn COMMAND --help\` for a command's flags. Exit codes: 0 success, 1 the run failed,
@@ -71,12 +74,20 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         return await (await import("./post.js")).postCommand(rest, io);
       case "submit":
         return await (await import("./submit.js")).submitCommand(rest, io);
+      case "pause":
+      case "unpause":
+      case "cancel":
+      case "approve":
+      case "deny":
+        return await (await import("./steer.js")).steerCommand(command, rest, io);
       case "serve":
         return await (await import("./serve.js")).serveCommand(rest, io);
       case "ui":
         return await (await import("./ui.js")).uiCommand(rest, io);
       case "timer":
         return await (await import("./timer.js")).timerCommand(rest, io);
+      case "effect":
+        return await (await import("./effect.js")).effectCommand(rest, io);
       case "cluster":
         return await (await import("./cluster.js")).clusterCommand(rest, io);
       case "--version":
@@ -90,7 +101,7 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         io.out(USAGE);
         return command === undefined ? EXIT.usage : EXIT.ok;
       default:
-        throw new UsageError(`unknown command "${command}"; the commands are run, submit, resume, status, log, post, serve, ui, timer and cluster (see \`cairn --help\`).`);
+        throw new UsageError(`unknown command "${command}"; the commands are run, submit, resume, status, log, post, pause, unpause, cancel, approve, deny, serve, ui, timer, effect and cluster (see \`cairn --help\`).`);
     }
   } catch (err) {
     const { code, message } = describeError(err);

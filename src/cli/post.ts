@@ -47,6 +47,7 @@ export async function postCommand(argv: readonly string[], io: Io): Promise<numb
     throw new UsageError(`cairn post: --payload is not valid JSON: ${raw.length > 80 ? `${raw.slice(0, 77)}...` : raw}`);
   }
   if (kind === START_REQUEST_KIND) throw new UsageError(`cairn post: --kind ${START_REQUEST_KIND} is reserved for start requests; use \`cairn submit\`.`);
+  if (kind.startsWith("cairn.")) throw new UsageError(`cairn post: kinds starting with "cairn." are reserved for Cairn's own requests (cairn submit, pause, cancel, approve, fork...).`);
   const tooBig = payloadProblem(payload);
   if (tooBig !== null) throw new UsageError(`cairn post: ${tooBig}`);
   const obs = safeParseDeep(() => OutsideObservation.safeParse({ id, kind, payload }));

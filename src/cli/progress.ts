@@ -80,6 +80,16 @@ function render(h: ProgressView, e: LogEvent, partial: Map<string, string>): str
       return [`${tag}[${e.body.role}] ${e.body.outcome}: ${oneLine(e.body.detail, 400)}`];
     case "validator_result":
       return [`${tag}[validator] \`${e.body.argv.join(" ")}\` ${e.body.passed ? "passed" : `failed (exit ${e.body.exit_code ?? "none"})`}`];
+    case "run_paused":
+      return [`${tag}[operator] paused${e.body.now ? " (the running cell is stopped)" : ""}${e.body.reason ? `: ${oneLine(e.body.reason, 300)}` : ""}; \`cairn unpause\` lets it go on`];
+    case "run_unpaused":
+      return [`${tag}[operator] unpaused${e.body.reason ? `: ${oneLine(e.body.reason, 300)}` : ""}`];
+    case "run_cancel_requested":
+      return [`${tag}[operator] cancelled${e.body.reason ? `: ${oneLine(e.body.reason, 300)}` : ""}`];
+    case "approval_requested":
+      return [`${tag}[cell ${e.body.cell_id}] waits for approval (rule ${e.body.rule}): \`cairn approve --cell ${e.body.cell_id}\` or \`cairn deny --cell ${e.body.cell_id} --reason TEXT\``];
+    case "approval_decided":
+      return [`${tag}[cell ${e.body.cell_id}] ${e.body.decision}${e.body.reason ? `: ${oneLine(e.body.reason, 300)}` : ""}`];
     case "run_ended":
       return [`${tag}run ${e.session} ended: ${e.body.result}: ${oneLine(e.body.reason, 400)}`];
     default:

@@ -26,6 +26,7 @@ import type { HeldLease, Storage } from "../storage/contract.js";
 import { StorageRejected } from "../storage/errors.js";
 import type { ProgressView } from "./progress.js";
 import { CELL_FLAGS, CELL_HELP, cellNetwork, sandboxOptions, secretFiles } from "./cells.js";
+import { APPROVAL_HELP, approvalFlags } from "./steer.js";
 import { chooseSandbox } from "../exec/sandbox.js";
 import type { SandboxOptions } from "../harness/boundary.js";
 
@@ -42,6 +43,7 @@ const RUN_FLAGS = {
   "max-wall": { type: "string" },
   "log-level": { type: "string" },
   session: { type: "string" },
+  "require-approval": { type: "string", multiple: true },
   "model-timeout": { type: "string" },
   "model-retry-budget": { type: "string" },
   "max-output-tokens": { type: "string" },
@@ -73,6 +75,7 @@ ${MODEL_HELP}
   --max-wall DURATION     ... after this much wall time (90s, 15m, 2h, 1d)
   --session ID            the run's id (letters, digits, . _ -; not s1, s2... which Cairn assigns):
                           the same command again continues or reports that run, never a second one
+${APPROVAL_HELP}
 ${CELL_HELP}`;
 
 const RESUME_HELP = `usage: cairn resume --db NAME --model SPEC [flags]
@@ -82,6 +85,7 @@ other). Takes no goal. Cells that were running when the last owner died are repo
 as UnknownExecution and never re-run.
 ${STORAGE_HELP}
 ${MODEL_HELP}
+${APPROVAL_HELP.replace("cells matching RULE", "this worker's rule, for every run it drives: cells matching RULE")}
 ${CELL_HELP}`;
 
 export async function runCommand(argv: readonly string[], io: Io): Promise<number> {
@@ -103,7 +107,8 @@ export async function runCommand(argv: readonly string[], io: Io): Promise<numbe
     if (bad !== null) throw new UsageError(`cairn run: ${bad}`);
   }
   const network = cellNetwork(p, "run", io.env);
-  const request = { goal, validators, budgets, ...(network === "host" ? { cell_network: "host" as const } : {}) };
+  const approval = approvalFlags(p, "run");
+  const request = { goal, validators, budgets, ...(network === "host" ? { cell_network: "host" as const } : {}), ...(approval.length > 0 ? { approval } : {}) };
   return drive("run", p, io, { request, cwd, session: chosen });
 }
 
@@ -253,7 +258,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
         await follower.poll(storage, name).catch(() => undefined);
         const s = follower.session(session!);
         if (s?.terminal) {
-          say(`cairn: run ${session} ${s.terminal.result === "success" ? "succeeded" : "failed"}: ${s.terminal.reason}`);
+          say(`cairn: run ${session} ${ended(s.terminal.result)}: ${s.terminal.reason}`);
           outcome = s.terminal.result === "success" ? EXIT.ok : EXIT.failure;
         }
       },
@@ -261,10 +266,12 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
     unfollow();
     if (lease === null) return interrupted ?? outcome ?? EXIT.ok;
     const owned = lease === "no-leases" ? null : new OwnerLease(lease, storage.leases?.ttlMs ?? 0, logger);
+    // `resume --require-approval` is this worker's rule for every run; `run`'s is its run's, in its log.
+    const approval = command === "resume" ? approvalFlags(p, "resume") : [];
     for (let opens = 1; ; opens++) {
       const openedAt = performance.now();
       try {
-        h = await Harness.open({ storage, name, model, workDir: choice.dataDir, create: command === "run", logger, limits, sandbox, submitCwd: plan?.cwd ?? process.cwd(), ...(faults ? { faults } : {}) });
+        h = await Harness.open({ storage, name, model, workDir: choice.dataDir, create: command === "run", logger, limits, sandbox, approval, submitCwd: plan?.cwd ?? process.cwd(), ...(faults ? { faults } : {}) });
         owned?.attach(h, openedAt);
         const harness = h;
         say(`cairn: database "${name}" (${choice.describe}), epoch ${harness.epoch}, model ${model.name}, cells ${harness.sandbox.kind === "bwrap" ? "sandboxed (bubblewrap)" : "NOT sandboxed"}`);
@@ -289,6 +296,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
               validators: plan.request.validators,
               budgets: plan.request.budgets,
               ...(plan.request.cell_network !== undefined ? { cellNetwork: plan.request.cell_network } : {}),
+              ...(plan.request.approval !== undefined ? { approval: plan.request.approval } : {}),
               ...(session !== undefined ? { id: session } : {}),
             });
             sessions.push(id);
@@ -298,7 +306,10 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
         }
         if (sessions.length > 0 && session !== undefined && !sessions.includes(session)) sessions.push(session);
         // Every run is waited for: one that stops on an error (or is blocked) never stops the others.
-        const settled = await Promise.allSettled(sessions.map((s) => harness.wait(s)));
+        // A run paused by an operator, or whose cell waits for approval, has nothing in flight that keeps
+        // this process alive (the storage's timers are unref'd): the owner waits for the person.
+        const keepAlive = setInterval(() => undefined, 1 << 30);
+        const settled = await Promise.allSettled(sessions.map((s) => harness.wait(s))).finally(() => clearInterval(keepAlive));
         const outcomes: RunOutcome[] = [];
         let stopped: unknown = null;
         settled.forEach((r, i) => {
@@ -309,9 +320,10 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
           }
         });
         // The reason is the model's own text: printed with its control characters visible, as progress is.
-        for (const o of outcomes) say(`cairn: run ${o.session} ${o.result === "success" ? "succeeded" : "failed"}: ${visibleLine(o.reason)}`);
+        for (const o of outcomes) say(`cairn: run ${o.session} ${ended(o.result)}: ${visibleLine(o.reason)}`);
         if (stopped !== null) throw stopped;
-        return outcomes.some((o) => o.result === "failure") ? EXIT.failure : EXIT.ok;
+        // A cancelled run did not succeed: exit 1, as a failure.
+        return outcomes.some((o) => o.result !== "success") ? EXIT.failure : EXIT.ok;
       } catch (err) {
         // Fenced by an opener that took the owner lease before this process did (and claimed after
         // it): the lease is still ours, so this process claims again and the other one stops, fenced.
@@ -444,4 +456,9 @@ export async function postStart(storage: Storage, name: string, session: string,
     }
     throw err;
   }
+}
+
+/** How a run ended, in words. */
+function ended(result: "success" | "failure" | "cancelled"): string {
+  return result === "success" ? "succeeded" : result === "cancelled" ? "was cancelled" : "failed";
 }

@@ -28,6 +28,7 @@ import { hasCode } from "../errors.js";
 import { CELL_FLAGS, CELL_HELP, sandboxOptions, secretFiles } from "./cells.js";
 import { chooseSandbox } from "../exec/sandbox.js";
 import { ACCESS_FLAGS, ACCESS_HELP, accessFromFlags } from "./http-access.js";
+import { APPROVAL_HELP, approvalFlags } from "./steer.js";
 
 export const SERVE_FLAGS = {
   ...STORAGE_FLAGS,
@@ -45,6 +46,7 @@ export const SERVE_FLAGS = {
   lease: { type: "string" },
   "fenced-linger": { type: "string" },
   ui: { type: "boolean" },
+  "require-approval": { type: "string", multiple: true },
   ...ACCESS_FLAGS,
 } as const;
 
@@ -68,6 +70,7 @@ ${STORAGE_HELP}
   --ui                    serve the timeline page and its API on --listen too (read-only)
 ${ACCESS_HELP}
   --cwd DIR               where submitted runs execute (default: the current directory)
+${APPROVAL_HELP.replace("cells matching RULE", "this worker's rule, for every run it drives: cells matching RULE")}
   --create                create the database when it does not exist (otherwise that is exit 2)
   --takeover              take the database from a live owner (fences it); for operators only
   --lease DURATION        the owner lease length (default 10s): a standby takes over at most this
@@ -136,6 +139,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   const faults = chaosFaults(io.env);
   const model = makeModel(p, "serve", io.env);
   const limits = modelLimits(p, "serve");
+  const approval = approvalFlags(p, "serve");
   let choice;
   let sandbox;
   try {
@@ -247,7 +251,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     for (let opens = 1; ; opens++) {
       const openedAt = performance.now();
       try {
-        h = await Harness.open({ storage, name, model, workDir: choice.dataDir, logger, metrics, create, submitCwd: cwd, limits, sandbox, ...(faults ? { faults } : {}) });
+        h = await Harness.open({ storage, name, model, workDir: choice.dataDir, logger, metrics, create, submitCwd: cwd, limits, sandbox, approval, ...(faults ? { faults } : {}) });
         owned?.attach(h, openedAt);
         const harness = h;
         setState("owner", `owns "${name}" at epoch ${harness.epoch}`);

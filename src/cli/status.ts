@@ -15,8 +15,8 @@ import { visibleLine } from "../ui/visible.js";
 
 const HELP = `usage: cairn status --db NAME [--session ID] [--json]
 
-Shows the runs in database NAME: goal and result, cells, executions and their phases, unresolved
-UnknownExecutions, usage. Reads only: the owner keeps running. --json prints the cairn.status/1
+Shows the runs in database NAME: goal and result, cells, executions and their phases (with the
+effects each cell declared), unresolved UnknownExecutions, the effect ledger, usage. Reads only: the owner keeps running. --json prints the cairn.status/1
 document described in the README.
 ${STORAGE_HELP}`;
 
@@ -94,6 +94,11 @@ function renderStatus(i: Inspection & OwnershipView): string[] {
     out.push("");
     out.push(`run ${s.id}: ${s.status === "owner_gone" ? "unfinished, owner gone (nobody drives it)" : s.status}${s.result ? ` (${s.result.reason})` : ""}${s.blocked ? ` (${s.blocked.reason})` : ""}`);
     out.push(`  goal: ${s.goal}`);
+    if (s.fork_of !== null) out.push(`  fork of run ${s.fork_of.session} after round ${s.fork_of.round}`);
+    if (s.paused !== null) out.push(`  PAUSED since ${s.paused.at}${s.paused.reason ? `: ${s.paused.reason}` : ""}${s.paused.now ? " (the running cell was stopped)" : ""}; \`cairn unpause --db ${i.db} --session ${s.id}\` lets it go on`);
+    if (s.cancel_requested !== null && s.result === null) out.push(`  CANCELLING since ${s.cancel_requested.at}${s.cancel_requested.reason ? `: ${s.cancel_requested.reason}` : ""}`);
+    if (s.approval_rules.length > 0) out.push(`  approval required for: ${s.approval_rules.join(", ")}`);
+    for (const a of s.awaiting_approval) out.push(`  WAITS FOR APPROVAL: cell ${a.cell_id} since ${a.since} (rule ${a.rule}): ${a.summary.replace(/\s+/g, " ").slice(0, 120)}; \`cairn approve --db ${i.db} --session ${s.id} --cell ${a.cell_id}\` or \`cairn deny ... --reason TEXT\``);
     if (s.cells_ran_in !== null) out.push(`  cells: ${s.cells_ran_in.sandbox === "bwrap" ? `sandboxed (bubblewrap), network ${s.cells_ran_in.network}` : "NOT sandboxed (--sandbox none): the worker's full reach"}`);
     else if (s.cell_network === "host") out.push("  cells: host network asked for");
     out.push(`  cwd: ${s.cwd}; revision ${s.revision}; ${s.rounds} round(s); tokens ${s.usage.input_tokens} in, ${s.usage.output_tokens} out; ${s.usage.attempts} attempt(s)${s.usage.unknown_usage_attempts ? ` (${s.usage.unknown_usage_attempts} with unknown usage)` : ""}`);
@@ -103,7 +108,10 @@ function renderStatus(i: Inspection & OwnershipView): string[] {
       const e = exec.get(c.id);
       const phase = e ? ` [${e.phase}${e.result ? `: ${e.result}` : ""}${e.exit_code !== null && e.exit_code !== undefined ? ` exit ${e.exit_code}` : ""}]` : "";
       out.push(`  ${c.in_context ? " " : "-"}cell ${c.id} ${c.kind}${c.role ? `(${c.role})` : ""}${phase}: ${c.summary.replace(/\s+/g, " ").slice(0, 120)}`);
+      for (const f of e?.effects ?? []) out.push(`      effect ${f.name}: ${f.status}${f.status === "done" ? ` ${JSON.stringify(f.result ?? null).slice(0, 100)}` : f.status === "uncertain" ? " (begun, never ended: check outside before doing it again)" : ""}`);
     }
+    const uncertain = s.effects.filter((f) => f.status === "uncertain");
+    if (s.effects.length > 0) out.push(`  effects: ${s.effects.length} in the ledger, ${s.effects.filter((f) => f.status === "done").length} done${uncertain.length ? `, UNCERTAIN: ${uncertain.map((f) => f.name).join(", ").slice(0, 200)}` : ""}`);
     for (const u of s.unresolved_unknown) out.push(`  UNRESOLVED UnknownExecution: cell ${u.cell_id} (${u.reason}; worker stopped: ${u.worker_stopped ? "yes" : "not confirmed"})`);
     if (s.inbox.unread) out.push(`  inbox: ${s.inbox.unread} unread`);
     for (const r of s.refused_posts) out.push(`  post ${r.id} refused (${r.code}): ${r.reason}`);

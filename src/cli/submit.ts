@@ -14,6 +14,7 @@ import { lookUp, postStart, readBudgets } from "./run.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 import { sameRequest } from "../harness/start-request.js";
 import { cellNetwork } from "./cells.js";
+import { APPROVAL_HELP, approvalFlags } from "./steer.js";
 
 const HELP = `usage: cairn submit GOAL --db NAME [--session ID] [--validator "CMD ARGS"]... [--max-rounds N]
                    [--max-tokens N] [--max-wall DURATION]
@@ -26,6 +27,7 @@ settings and --cwd; while nobody owns NAME the request waits. Creates NAME when 
                           prints the id and changes nothing; another request under that id is refused.
   --validator, --max-rounds, --max-tokens, --max-wall   as for cairn run
   --cell-network host     this run's cells get the host's network (default: the worker's setting)
+${APPROVAL_HELP}
 ${STORAGE_HELP}`;
 
 export async function submitCommand(argv: readonly string[], io: Io): Promise<number> {
@@ -37,6 +39,7 @@ export async function submitCommand(argv: readonly string[], io: Io): Promise<nu
     "max-tokens": { type: "string" },
     "max-wall": { type: "string" },
     "cell-network": { type: "string" },
+    "require-approval": { type: "string", multiple: true },
   });
   if (p.values.help) {
     io.out(HELP);
@@ -52,7 +55,14 @@ export async function submitCommand(argv: readonly string[], io: Io): Promise<nu
     if (bad !== null) throw new UsageError(`cairn submit: ${bad}`);
   }
   const network = cellNetwork(p, "submit", io.env);
-  const request = { goal, validators: list(p, "validator").map((v) => splitCommand("submit", v)), budgets: readBudgets(p, "submit"), ...(network === "host" ? { cell_network: "host" as const } : {}) };
+  const approval = approvalFlags(p, "submit");
+  const request = {
+    goal,
+    validators: list(p, "validator").map((v) => splitCommand("submit", v)),
+    budgets: readBudgets(p, "submit"),
+    ...(network === "host" ? { cell_network: "host" as const } : {}),
+    ...(approval.length > 0 ? { approval } : {}),
+  };
   const choice = await chooseStorage(p, "submit", io.env);
   try {
     const session = chosen ?? assignedSubmitId();

@@ -2,8 +2,8 @@
  * `cairn timer`: registers a timer from inside a running cell, through the harness's timer socket
  * (CAIRN_TIMER_SOCKET). It returns once the registration is committed.
  */
-import { connect } from "node:net";
 import { durationSeconds, parse, required, str, UsageError } from "./args.js";
+import { cellRequest } from "./cell-request.js";
 import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 
@@ -20,27 +20,15 @@ export async function timerCommand(argv: readonly string[], io: Io): Promise<num
     return EXIT.ok;
   }
   const id = required(p, "timer", "id", "a name for this timer, unique in the run");
-  const socket = io.env.CAIRN_TIMER_SOCKET;
-  const token = io.env.CAIRN_CELL_TOKEN;
-  if (!socket || !token) throw new UsageError("cairn timer runs inside a cell: CAIRN_TIMER_SOCKET and CAIRN_CELL_TOKEN are not set.");
   const inStr = str(p, "in");
   const at = str(p, "at");
   if ((inStr === undefined) === (at === undefined)) throw new UsageError("cairn timer: give exactly one of --in DURATION or --at ISO-TIME.");
-  const req: Record<string, unknown> = { token, op: "timer", timer_id: id };
+  const req: Record<string, unknown> = { timer_id: id };
   if (inStr !== undefined) req.delay_seconds = durationSeconds("timer", "in", inStr);
   if (at !== undefined) req.due_at = at;
   const note = str(p, "note");
   if (note !== undefined) req.note = note;
-  const reply = await new Promise<string>((resolve, reject) => {
-    const c = connect(socket);
-    let buf = "";
-    c.setEncoding("utf8");
-    c.on("connect", () => c.write(JSON.stringify(req) + "\n"));
-    c.on("data", (d: string) => (buf += d));
-    c.on("end", () => resolve(buf));
-    c.on("error", (e) => reject(new UsageError(`cairn timer: cannot reach the harness at ${socket}: ${e.message}`)));
-  });
-  const r = JSON.parse(reply) as { ok: boolean; error?: string; due_at?: string };
+  const r = await cellRequest("timer", io, "timer", req);
   if (!r.ok) {
     io.err(`cairn: timer refused: ${r.error}`);
     return EXIT.usage;

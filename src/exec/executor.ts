@@ -49,6 +49,8 @@ export interface CellBoundary {
   readonly socket?: string;
   /** A directory holding the `cairn` command for cells: put first on the cell's PATH. */
   readonly binDir?: string;
+  /** A directory of Python modules for cells (`cairn_effects`): put first on the cell's PYTHONPATH. */
+  readonly pythonDir?: string;
   /** Names of the harness's environment variables passed on to cells, besides the allow-list. */
   readonly passEnv: readonly string[];
   readonly limits: CellLimits;
@@ -221,6 +223,7 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     const initArgs = group !== null ? [] : ["--nproc", String(boundary.limits.processes), "--data", String(boundary.limits.memoryBytes)];
     const socketInside = `${SANDBOX_RUN_DIR}/cairn.sock`;
     const binInside = `${SANDBOX_RUN_DIR}/bin`;
+    const pythonInside = `${SANDBOX_RUN_DIR}/python`;
     const fixed: Record<string, string> = { ...resolved.env, ...spec.env };
     const binds: SandboxBind[] = [...(spec.binds ?? [])];
     let argv = resolved.argv;
@@ -263,9 +266,14 @@ export function createExecutor(opts: ExecutorOptions = {}): Executor {
     } else if (process.env.HOME !== undefined) fixed.HOME = process.env.HOME;
     const env = cellEnvironment(process.env, boundary.passEnv, fixed);
     if (boundary.binDir !== undefined) env.PATH = `${sandboxed ? binInside : boundary.binDir}:${env.PATH}`;
+    if (boundary.pythonDir !== undefined) {
+      const dir = sandboxed ? pythonInside : boundary.pythonDir;
+      env.PYTHONPATH = env.PYTHONPATH ? `${dir}:${env.PYTHONPATH}` : dir;
+    }
     if (sandboxed) {
       if (boundary.socket !== undefined) binds.push({ src: boundary.socket, dest: socketInside, writable: true });
       if (boundary.binDir !== undefined) binds.push({ src: boundary.binDir, dest: binInside });
+      if (boundary.pythonDir !== undefined) binds.push({ src: boundary.pythonDir, dest: pythonInside });
       argv = bwrapArgv({
         bwrap: boundary.sandbox.bwrap,
         init,

@@ -150,8 +150,9 @@ export type SandboxProbe = { readonly ok: true; readonly bwrap: string } | { rea
 let probed: SandboxProbe | null = null;
 
 /**
- * Whether a bubblewrap sandbox can be built on this machine: bwrap on PATH, and a trial sandbox of
- * `true` with the namespaces cells get. Asked once per process (about 10 ms); `refresh` asks again.
+ * Whether a bubblewrap sandbox can be built on this machine: bwrap on PATH, and a trial sandbox with
+ * the namespaces cells get, running bwrap itself (`--version`: present wherever bwrap is, unlike `true`
+ * in a minimal image). Asked once per process (about 10 ms); `refresh` asks again.
  */
 export function probeSandbox(options: { refresh?: boolean; pathEnv?: string } = {}): SandboxProbe {
   if (probed !== null && options.refresh !== true && options.pathEnv === undefined) return probed;
@@ -166,7 +167,7 @@ function probeOnce(pathEnv: string | undefined): SandboxProbe {
   if (bwrap === null) return { ok: false, reason: "bubblewrap (bwrap) is not installed" };
   const trial = spawnSync(
     bwrap,
-    ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--as-pid-1", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--", "true"],
+    ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--as-pid-1", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--", bwrap, "--version"],
     { encoding: "utf8", timeout: 10_000, env: { PATH: process.env.PATH ?? "/usr/bin:/bin" } },
   );
   if (trial.status === 0) return { ok: true, bwrap };

@@ -1,6 +1,7 @@
 /**
  * Where a harness's cells run: the sandbox chosen at open, the harness's private runtime directory
- * (scripts, the cell API socket, the `cairn` command for cells), and the boundary of each launch.
+ * (scripts, the cell API socket, the `cairn` command and the `cairn_effects` Python module for
+ * cells), and the boundary of each launch.
  *
  * The runtime directory is made with mkdtemp (0700, this user's, a name nobody could have made
  * first) and removed at close. Scripts live in a directory of their run's inside it, one file per
@@ -16,6 +17,7 @@ import type { CellBoundary } from "../exec/executor.js";
 import { ensurePrivateDir, makePrivateTempDir } from "../exec/private.js";
 import { type CellNetwork, type SandboxMode, chooseSandbox, defaultHiddenPaths } from "../exec/sandbox.js";
 import type { SessionProjection } from "../state/projection.js";
+import { PYTHON_EFFECTS_FILE, PYTHON_EFFECTS_SOURCE } from "./python-effects.js";
 
 /** How a harness contains its cells (every field optional). */
 export interface SandboxOptions {
@@ -71,6 +73,8 @@ export class Boundaries {
   readonly socketPath: string;
   private readonly sandbox: CellBoundary["sandbox"];
   private readonly binDir: string;
+  /** Cairn's Python modules for cells (cairn_effects): on every cell's PYTHONPATH. */
+  private readonly pythonDir: string;
   private readonly limits: CellLimits;
 
   /** Chooses the sandbox (throws ConfigError when `required` and none can be built) and makes the runtime dir under `workDir`. */
@@ -92,6 +96,9 @@ export class Boundaries {
     this.binDir = join(this.runtimeDir, "bin");
     ensurePrivateDir(this.binDir);
     writeFileSync(join(this.binDir, "cairn"), cairnShim(), { mode: 0o700 });
+    this.pythonDir = join(this.runtimeDir, "python");
+    ensurePrivateDir(this.pythonDir);
+    writeFileSync(join(this.pythonDir, PYTHON_EFFECTS_FILE), PYTHON_EFFECTS_SOURCE, { mode: 0o600 });
   }
 
   /** The private directory of `session`'s scripts. */
@@ -111,6 +118,7 @@ export class Boundaries {
       hide: [...defaultHiddenPaths(), ...(this.options.hide ?? []), this.runtimeDir, ...others.filter((cwd) => cwd !== own)],
       socket: this.socketPath,
       binDir: this.binDir,
+      pythonDir: this.pythonDir,
       passEnv: this.options.passEnv ?? [],
       limits: this.limits,
     };

@@ -8,7 +8,8 @@
  * session and cell it was issued for. A cell cannot act for another run by naming it.
  *
  * Protocol: one JSON line per request, `{"token", "op"?, ...}`; one JSON line back, `{"ok": true, ...}`
- * or `{"ok": false, "error"}`. `op` defaults to "timer" (see timers.ts for its fields).
+ * or `{"ok": false, "error", "code"?}`. `op` defaults to "timer" (see timers.ts for its fields); the
+ * effect ledger's are "effect_begin", "effect_end" and "effect_key" (effects.ts).
  */
 import { randomBytes } from "node:crypto";
 import { rmSync } from "node:fs";
@@ -20,7 +21,8 @@ export interface CellCaller {
   readonly cell: number;
 }
 
-export type CellReply = { ok: true; [key: string]: unknown } | { ok: false; error: string };
+/** A reply; a refusal may carry a stable `code` (`usage`, `reset` when fenced, `uncertain`, ...). */
+export type CellReply = { ok: true; [key: string]: unknown } | { ok: false; error: string; code?: string };
 
 /** Answers one request (its `op` and fields) from `caller`. */
 export type CellHandler = (op: string, request: Record<string, unknown>, caller: CellCaller) => Promise<CellReply>;

@@ -73,10 +73,14 @@ async function conclude(ctx: SessionContext, note: NoteCell): Promise<void> {
   }
   const s = ctx.session();
   const done = s.validators_run.get(note.id) ?? [];
+  // An operator's cancel or pause stops the validators between two (the one running finishes); the
+  // driver then ends the run, or handles the note again once unpaused.
+  const held = () => core.stopping() || ctx.session().terminal !== null || ctx.session().cancel_requested !== null || ctx.session().paused !== null;
   for (let i = done.length; i < s.validators.length; i++) {
+    if (held()) return;
     const argv = [...s.validators[i]!];
     const r = await runValidator(core.world.executor, argv, s.cwd, core.limits.validatorWallTimeMs, core.scriptDir(s.id), core.boundary(s.id));
-    if (core.stopping() || ctx.session().terminal !== null) return;
+    if (held()) return;
     await core.commit([
       event("validator_result", id, identity.validator(id, note.id, i), core.nowIso(), {
         note_id: note.id,
@@ -96,6 +100,7 @@ async function conclude(ctx: SessionContext, note: NoteCell): Promise<void> {
     await control(ctx, note, "refused", `success refused: ${what}`, true);
     return;
   }
+  if (held()) return;
   // Something may have arrived while the validators ran: the conditions must still hold now.
   const late = successBlockers(ctx.session());
   if (late.length > 0) {

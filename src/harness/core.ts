@@ -9,8 +9,10 @@ import type { SessionProjection } from "../state/projection.js";
 import type { Model } from "../model/contract.js";
 import type { Metrics } from "../observability/metrics.js";
 import type { HarnessLimits } from "./options.js";
+import type { ApprovalRule } from "../state/approval.js";
 import type { HarnessWorld, TimerFunctions } from "./world.js";
 import { realTimers } from "./world.js";
+import { effectScope, launchKey } from "./effects.js";
 
 /**
  * Boundaries where a test can stop the world (DBOS's debugpoint idea): the chaos suite SIGKILLs the
@@ -20,7 +22,12 @@ export type HarnessFaultPoint =
   | "patch:committed" // a patch was accepted and committed; nothing dispatched yet
   | "execution:started-committed" // the launch is authorized and committed; the child has not run
   | "execution:exited" // the child exited; its result is not committed yet
-  | "model:response-committed"; // a complete model response is committed (with its verdict, when both fit one commit)
+  | "model:response-committed" // a complete model response is committed (with its verdict, when both fit one commit)
+  | "effect:begun-committed" // a cell's effect begin is committed; the cell has not been answered
+  | "effect:ended-committed" // a cell's effect end is committed; the cell has not been answered
+  | "steer:committed" // an operator's request (pause, cancel, approval...) is committed; nothing acted on it yet
+  | "approval:requested" // a cell's approval request is committed; it waits
+  | "cancel:cells-stopped"; // a cancelled run's started cells are recorded; queued ones and the run's end are not
 export type HarnessFaults = (point: HarnessFaultPoint, detail: { session: string; cell?: number; turn?: string }) => void | Promise<void>;
 
 export interface HarnessCore {
@@ -33,6 +40,8 @@ export interface HarnessCore {
   readonly faults: HarnessFaults | null;
   /** The world's timer functions (real ones unless a test injects its own). */
   readonly timers: TimerFunctions;
+  /** This worker's approval rules, for every run it drives (besides each run's own). */
+  readonly approval: readonly ApprovalRule[];
   /** Where a session's script cells are written: a private directory of its own. */
   scriptDir(session: string): string;
   /**
@@ -83,7 +92,7 @@ export interface CoreOwner {
 
 /** The HarnessCore of database `name`, with `owner` behind its commit path and status. */
 export function createCore(
-  config: Pick<HarnessCore, "name" | "world" | "model" | "limits" | "logger" | "metrics" | "faults">,
+  config: Pick<HarnessCore, "name" | "world" | "model" | "limits" | "logger" | "metrics" | "faults" | "approval">,
   owner: CoreOwner,
 ): HarnessCore {
   const { name, world } = config;
@@ -93,6 +102,8 @@ export function createCore(
     scriptDir: (session) => owner.scriptDir(session),
     cellLaunch: (session, cell) => {
       const env: Record<string, string> = { CAIRN_DB: name, CAIRN_SESSION: session, CAIRN_CELL: String(cell) };
+      const s = owner.session(session);
+      if (s !== undefined) env.CAIRN_EFFECT_KEY = launchKey(effectScope(name, s), cell);
       const token = owner.issueToken(session, cell);
       if (token !== null) env.CAIRN_CELL_TOKEN = token;
       return { env, boundary: owner.boundary(session), ended: () => (token === null ? undefined : owner.revokeToken(token)) };

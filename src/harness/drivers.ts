@@ -77,11 +77,14 @@ export class SessionDrivers {
   }
 
   /**
-   * Recovers, then schedules every unfinished run (`unfinished` lists them); `done` is told once per
-   * pass. Concurrent calls share one pass; a later call recovers nothing new and schedules nothing twice.
+   * Waits for `drained` (the mailbox delivered: a pause or cancel that waited for an owner applies
+   * first), recovers, then schedules every unfinished run (`unfinished` lists them); `done` is told
+   * once per pass. Concurrent calls share one pass; a later call recovers nothing new and schedules
+   * nothing twice.
    */
-  resumeAll(unfinished: () => string[], done: (r: { sessions: string[]; recovered: number }) => void): Promise<{ sessions: string[]; recovered: number }> {
+  resumeAll(drained: () => Promise<void>, unfinished: () => string[], done: (r: { sessions: string[]; recovered: number }) => void): Promise<{ sessions: string[]; recovered: number }> {
     this.resuming ??= (async () => {
+      await drained();
       const sessions = unfinished();
       const recovered = await this.recoverAll(sessions);
       await this.resume(unfinished());

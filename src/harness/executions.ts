@@ -4,7 +4,8 @@
  * left `started` (UnknownExecution; nothing is ever re-run).
  */
 import { event, identity } from "../state/events.js";
-import type { FinishedBody, ProcessOutcome } from "../state/outcomes.js";
+import type { FinishedBody, ProcessOutcome, StoppedBy } from "../state/outcomes.js";
+import { neverRan } from "../state/steer.js";
 import { finishedEvents, lostWorker, processFinished } from "../state/outcomes.js";
 import type { ExecutionRecord } from "../state/projection.js";
 import type { ExecutableCell } from "../state/schema.js";
@@ -45,7 +46,8 @@ function codeOf(cell: ExecutableCell): string {
 interface Running {
   readonly cellId: number;
   stop(reason: "cancelled" | "shutdown", settleWithinMs?: number): Promise<void>;
-  cancelled: boolean;
+  /** Set once something stopped it on purpose (a cancel note, a pause with `now`, a cancel of the run). */
+  stoppedBy: StoppedBy | null;
   /** Resolves once its result is recorded (or given up on) and it is no longer running. */
   readonly over: Promise<void>;
 }
@@ -69,6 +71,26 @@ export class Executions {
     return this.running !== null || this.launching;
   }
 
+  /** The id of the cell running in this process (released), or null. */
+  get runningCell(): number | null {
+    return this.running?.cellId ?? null;
+  }
+
+  /**
+   * Stops cell `cellId` for an operator (a pause with `now`, a cancel of the run) when it runs in
+   * this process; resolves once its result is committed. Once per cell: a second call shares nothing
+   * and returns at once. False when it does not run here.
+   */
+  async stopFor(cellId: number, by: "pause" | "cancel_run"): Promise<boolean> {
+    const r = this.running;
+    if (r === null || r.cellId !== cellId || r.stoppedBy !== null) return false;
+    r.stoppedBy = by;
+    this.ctx.core.logger.info({ session: this.ctx.id, cell: cellId, by }, "stopping the running cell for an operator");
+    await r.stop("cancelled");
+    await r.over;
+    return true;
+  }
+
   /** Stops the running cell's process group, if one runs (its execution stays `started`). */
   async stopRunning(reason: "shutdown" | "fenced"): Promise<void> {
     await this.discardEarly();
@@ -88,7 +110,7 @@ export class Executions {
   async cancelRunning(cellId: number): Promise<boolean> {
     const r = this.running;
     if (r === null || r.cellId !== cellId) return false;
-    r.cancelled = true;
+    r.stoppedBy ??= "note";
     await r.stop("cancelled");
     await r.over;
     return true;
@@ -230,9 +252,16 @@ export class Executions {
       await prepared.abort();
       return;
     }
+    if (this.ctx.session().cancel_requested !== null) {
+      // Cancelled while the launch was being authorized: the gate never released it, so it never ran.
+      launch.ended();
+      await prepared.abort();
+      await this.commitFinished(neverRan(cell.id, "the run was cancelled while this cell's launch was being authorized; it never ran"), core.nowIso());
+      return;
+    }
     const authorized = core.world.clock.now();
     let over!: () => void;
-    const running: Running = { cellId: cell.id, stop: (reason, ms) => prepared.stop(reason, ms), cancelled: false, over: new Promise<void>((resolve) => (over = resolve)) };
+    const running: Running = { cellId: cell.id, stop: (reason, ms) => prepared.stop(reason, ms), stoppedBy: null, over: new Promise<void>((resolve) => (over = resolve)) };
     this.running = running;
     prepared.release();
     core.metrics?.dispatchLatency((core.world.clock.now() - authorized) / 1000);
@@ -240,7 +269,7 @@ export class Executions {
     core.logger.info({ session: id, cell: cell.id, pid: prepared.identity.pid }, "cell started");
     void prepared.done
       .then(async (outcome) => {
-        if (core.stopping() && !running.cancelled) return; // recorded as it is: the next owner decides
+        if (core.stopping() && running.stoppedBy === null) return; // recorded as it is: the next owner decides
         await this.finish(cell.id, ex.kind, outcome, running);
       })
       .catch((err) => {
@@ -258,11 +287,12 @@ export class Executions {
   private async finish(cellId: number, kind: "script" | "cmd", outcome: ProcessOutcome, running: Running | null): Promise<void> {
     const { core, id } = this.ctx;
     const at = core.nowIso();
-    const body = processFinished(this.ctx.session(), cellId, outcome, running !== null && running.cancelled);
+    const body = processFinished(this.ctx.session(), cellId, outcome, running?.stoppedBy ?? null);
     if (running !== null) await core.faults?.("execution:exited", { session: id, cell: cellId });
     // A cell that ran to its end: the driver commits its result with what comes next (the next
-    // round's preparation and attempt) in one commit. A cancellation is committed now (its note waits).
-    if (running !== null && !running.cancelled) {
+    // round's preparation and attempt) in one commit. A stopped cell is committed now (its note or
+    // its operator waits).
+    if (running !== null && running.stoppedBy === null) {
       for (const c of this.handedOver) if (this.ctx.session().executions.get(c)?.phase !== "started") this.handedOver.delete(c);
       this.handedOver.add(cellId);
       this.ctx.carry(finishedEvents(this.ctx.session(), body, at));
@@ -300,8 +330,9 @@ export class Executions {
         ex.started.host !== core.world.host
           ? { worker_stopped: false, detail: `the cell ran on host ${ex.started.host}; this is ${core.world.host}, so its process could not be checked or stopped from here` }
           : await core.world.stopSurvivor(ex.started, { graceMs: core.limits.stopGraceMs });
-      await this.commitFinished(lostWorker(ex, stopped), core.nowIso());
-      core.metrics?.executionFinished(ex.kind, "UnknownExecution", null);
+      const cancelling = this.ctx.session().cancel_requested !== null;
+      await this.commitFinished(lostWorker(ex, stopped, cancelling), core.nowIso());
+      core.metrics?.executionFinished(ex.kind, cancelling ? "cancelled" : "UnknownExecution", null);
       core.logger.warn({ session: id, cell: ex.cell_id, worker_stopped: stopped.worker_stopped }, "recorded UnknownExecution");
       n++;
     }

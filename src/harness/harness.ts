@@ -9,6 +9,7 @@
  * "stop"}`; it never reopens on its own. After an uncertain commit it is poisoned: reopen to learn the
  * truth from the log.
  */
+import { randomBytes } from "node:crypto";
 import pino, { type Logger } from "pino";
 import type { Admission } from "../state/admission.js";
 import type { LogEvent, NewEvent } from "../state/events.js";
@@ -37,6 +38,9 @@ import { TimerHousekeeping } from "./timers.js";
 import { defaultWorld, type HarnessWorld } from "./world.js";
 import type { HarnessOpenOptions, HarnessStatus, RunOutcome, StartOptions } from "./types.js";
 import { Listeners, runOutcome } from "./listeners.js";
+import { ApprovalRules, type ApprovalRule } from "../state/approval.js";
+import type { SteerRequest, SteerVerdict } from "../state/steer.js";
+import { applySteer } from "./steer.js";
 import { Committer } from "./committer.js";
 import { commitFailure, settleWithin, STOP_MESSAGES, type StopReason } from "./stop.js";
 
@@ -67,7 +71,7 @@ export class Harness {
     private readonly db: Database,
     private readonly storage: Storage,
     readonly name: string,
-    parts: { model: Model; world: HarnessWorld; logger: Logger; metrics: Metrics | null; limits: HarnessLimits; faults: HarnessFaults | null },
+    parts: { model: Model; world: HarnessWorld; logger: Logger; metrics: Metrics | null; limits: HarnessLimits; faults: HarnessFaults | null; approval: readonly ApprovalRule[] },
     private readonly boundaries: Boundaries,
     snapshots: Partial<SnapshotPolicy> | false | undefined,
   ) {
@@ -131,7 +135,7 @@ export class Harness {
     }
     let h: Harness;
     try {
-      const parts = { model: options.model, world, limits: defaultLimits(options.limits), metrics: options.metrics ?? null, faults: options.faults ?? null };
+      const parts = { model: options.model, world, limits: defaultLimits(options.limits), metrics: options.metrics ?? null, faults: options.faults ?? null, approval: approvalRules(options.approval) };
       h = new Harness(db, options.storage, options.name, { ...parts, logger: logger.child({ db: options.name, epoch: db.epoch, host: world.host }) }, boundaries, options.snapshots);
       h.reducer = await loadProjection(db);
       h.unwatch = db.watch((signal) => h.onSignal(signal));
@@ -195,7 +199,8 @@ export class Harness {
     const id = chooseSessionId(options.id, this.name, this.reducer, this.sessionsAllocated);
     if (options.id === undefined) this.sessionsAllocated = Number(id.slice(1));
     await this.drivers.recoverAll(this.unfinished());
-    await this.commit([sessionCreated(id, options, this.core.nowIso())]);
+    // The run's effect keys derive from fresh randomness, so no two runs anywhere share one (effects.ts).
+    await this.commit([sessionCreated(id, { ...options, effectSeed: randomBytes(16).toString("hex") }, this.core.nowIso())]);
     this.metrics?.runStarted();
     this.drivers.begin(id);
     return id;
@@ -209,6 +214,9 @@ export class Harness {
   resume(): Promise<{ sessions: string[]; recovered: number }> {
     this.assertOpen();
     return this.drivers.resumeAll(
+      // What waited in the mailbox while no owner was live (a pause, a cancel) is applied before any
+      // run does anything.
+      () => this.mailbox.drained(),
       () => this.unfinished(),
       (r) => {
         this.metrics?.resumed();
@@ -241,6 +249,18 @@ export class Harness {
   async submit(session: string, turn: string, patch: unknown): Promise<Admission> {
     this.assertOpen();
     return resubmit(this.core, session, turn, patch);
+  }
+
+  /**
+   * Applies an operator's request to `session` as its owner: pause, unpause, cancel, approve or deny
+   * (src/state/steer.ts judges it; the verdict's events are committed as one batch). `request` is the
+   * request's id: the same id again changes nothing. Returns the verdict (a refusal commits
+   * nothing). Throws ConfigError for an unknown session. Outside the owner, requests travel through
+   * the storage mailbox (`cairn pause`, the HTTP API), and the owner applies them the same way.
+   */
+  async steer(session: string, request: string, r: SteerRequest): Promise<SteerVerdict> {
+    this.assertOpen();
+    return applySteer(this.core, session, request, r);
   }
 
   /** A plain-JSON summary of every session (or one). */
@@ -392,6 +412,13 @@ export class Harness {
 
   /** Sets every gauge from the projection and the storage's stats (serve calls it on each scrape). */
   refreshMetrics(): void {
-    if (this.metrics !== null) reportGauges(this.metrics, this.reducer.projection(), this.db.stats());
+    if (this.metrics !== null) reportGauges(this.metrics, this.reducer.projection(), this.db.stats(), this.core.world.clock.now());
   }
+}
+
+/** The worker's approval rules, validated. Throws ConfigError naming what is wrong. */
+function approvalRules(rules: readonly ApprovalRule[] | undefined): readonly ApprovalRule[] {
+  const parsed = ApprovalRules.safeParse(rules ?? []);
+  if (!parsed.success) throw new ConfigError(`bad approval rules: ${parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ")}`);
+  return Object.freeze(parsed.data);
 }

@@ -6,6 +6,8 @@
 import { event, identity } from "../state/events.js";
 import type { Database, PostedMessage } from "../storage/contract.js";
 import { START_REQUEST_KIND } from "./start-request.js";
+import { applySteer, STEER_KIND } from "./steer.js";
+import { SteerRequest } from "../state/steer.js";
 import { StorageRejected } from "../storage/errors.js";
 import { ConfigError } from "../errors.js";
 import type { HarnessCore } from "./core.js";
@@ -55,6 +57,8 @@ export class MailboxDelivery {
    * after a turn consumed inbox items; new messages have their own signal.
    */
   private behind = true;
+  /** The drain running now, if one is. */
+  private current: Promise<void> | null = null;
 
   constructor(
     private readonly host: HarnessCore,
@@ -74,12 +78,19 @@ export class MailboxDelivery {
     return this.behind || this.draining;
   }
 
+  /** Resolves once no drain runs (the one running now, and any it was asked to run again, have ended). */
+  drained(): Promise<void> {
+    return this.current ?? Promise.resolve();
+  }
+
   async drain(): Promise<void> {
     if (this.draining) {
       this.again = true;
-      return;
+      return this.current ?? undefined;
     }
     this.draining = true;
+    let done!: () => void;
+    this.current = new Promise<void>((resolve) => (done = resolve));
     try {
       do {
         this.again = false;
@@ -91,6 +102,8 @@ export class MailboxDelivery {
       if (!this.host.stopping()) this.host.logger.error({ err }, "could not drain the mailbox");
     } finally {
       this.draining = false;
+      this.current = null;
+      done();
     }
   }
 
@@ -102,6 +115,12 @@ export class MailboxDelivery {
     let leftBehind = false;
     const full = new Set<string>();
     for (const m of messages) {
+      if (m.kind === STEER_KIND) {
+        // Before the full-inbox rule: an operator's request never waits behind observations.
+        await this.steer(m);
+        if (!leftBehind) ackTo = m.mseq;
+        continue;
+      }
       if (full.has(m.session)) {
         leftBehind = true;
         continue;
@@ -140,6 +159,25 @@ export class MailboxDelivery {
     }
     if (ackTo > 0) await this.db.ack(ackTo);
     this.behind = leftBehind;
+  }
+
+  /** An operator's request (pause, unpause, cancel, approve, deny): applied, or refused with a reason the requester sees. */
+  private async steer(m: PostedMessage): Promise<void> {
+    const s = this.host.session(m.session);
+    if (s === undefined) {
+      this.host.logger.warn({ session: m.session, id: m.id }, "dropped an operator's request for a run that does not exist");
+      return;
+    }
+    const parsed = SteerRequest.safeParse(m.payload);
+    if (!parsed.success) {
+      await this.refused(m, "invalid", `not a valid request: ${parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ")}`);
+      return;
+    }
+    const verdict = await applySteer(this.host, m.session, m.id, parsed.data);
+    if (verdict.kind === "refused") {
+      this.host.logger.warn({ session: m.session, id: m.id, code: verdict.code }, `refused an operator's request: ${verdict.message}`);
+      await this.refused(m, verdict.code, verdict.message);
+    }
   }
 
   /** A message refused at drain time becomes an event the poster sees (`cairn status`, `post --wait`). */

@@ -35,6 +35,12 @@ export async function runRound(ctx: SessionContext, step: Extract<NextStep, { ki
   for (;;) {
     if (core.stopping()) return;
     const s = ctx.session();
+    if (s.paused !== null || s.cancel_requested !== null) {
+      // An operator paused or cancelled the run: no further model call. The round stays open (a
+      // pause) and continues where it was once unpaused; what this round holds is committed first.
+      if (pending.length > 0) await core.commit(pending);
+      return;
+    }
     const t = s.turns.get(turn);
     // A turn being prepared in this very commit: its first attempt, nothing refused yet.
     const next: ReturnType<typeof nextAttempt> =
@@ -100,7 +106,8 @@ async function callModel(
     });
     if (reply === null || typeof reply !== "object") throw new TypeError(`the model returned ${String(reply)} instead of {patch, usage}`);
   } catch (err) {
-    if (core.stopping() || ctx.session().terminal !== null) return "stop";
+    const after = ctx.session();
+    if (core.stopping() || after.terminal !== null || after.cancel_requested !== null) return "stop";
     return modelFailed(ctx, turn, attempt, err);
   }
   streaks.delete(ctx);

@@ -11,7 +11,9 @@
 import type { NewEvent } from "../state/events.js";
 import { event, identity } from "../state/events.js";
 import type { NextStep } from "../state/next-step.js";
-import { nextStep, unfinished } from "../state/next-step.js";
+import { interrupts, nextStep, unfinished } from "../state/next-step.js";
+import type { RunResult } from "../state/schema.js";
+import { cancelledQueued, cancelledReason } from "../state/steer.js";
 import type { SessionProjection } from "../state/projection.js";
 import { isExecutable, type Cell } from "../state/schema.js";
 import type { HarnessCore } from "./core.js";
@@ -37,7 +39,7 @@ export interface SessionContext {
   /** Aborted when the driver stops or the run ends from outside the loop: a model call in flight gives up. */
   readonly signal: AbortSignal;
   /** Commits `before` and `run_ended` once (the budget timer and the loop may both decide to end it), then stops what still runs. */
-  endRun(result: "success" | "failure", reason: string, before?: readonly NewEvent[]): Promise<void>;
+  endRun(result: RunResult, reason: string, before?: readonly NewEvent[]): Promise<void>;
   /** Asks the driver to look for work. */
   wake(): void;
   /**
@@ -131,6 +133,7 @@ export class SessionDriver implements SessionContext {
   /** Asks the driver to look for work. Cheap; coalesces. */
   wake(): void {
     if (this.core.stopping()) return;
+    this.interrupt();
     if (this.driving) {
       this.again = true;
       return;
@@ -172,7 +175,25 @@ export class SessionDriver implements SessionContext {
     return this.executions.recover();
   }
 
-  endRun(result: "success" | "failure", reason: string, before: readonly NewEvent[] = []): Promise<void> {
+  /**
+   * Acts on what cannot wait for the loop (src/state/next-step.ts `interrupts`): an operator's cancel
+   * aborts a model call in flight and stops the running cell; a pause with `now` stops the running
+   * cell. The stopped cell's result is committed by its own path (Executions.stopFor).
+   */
+  private interrupt(): void {
+    const s = this.core.session(this.id);
+    if (s === undefined) return;
+    const i = interrupts(s, this.executions.runningCell);
+    if (i.abortModel && !this.abort.signal.aborted) this.abort.abort();
+    if (i.stopCell !== null) {
+      const { cell_id, as } = i.stopCell;
+      void this.executions.stopFor(cell_id, as === "cancel" ? "cancel_run" : "pause").catch((err: unknown) => {
+        if (!this.core.stopping()) this.core.logger.error({ session: this.id, cell: cell_id, err }, "could not stop the running cell");
+      });
+    }
+  }
+
+  endRun(result: RunResult, reason: string, before: readonly NewEvent[] = []): Promise<void> {
     if (this.ending !== null) return this.ending;
     if (this.session().terminal !== null) return Promise.resolve();
     const ending = this.endOnce(result, reason, before);
@@ -184,7 +205,7 @@ export class SessionDriver implements SessionContext {
     return ending;
   }
 
-  private async endOnce(result: "success" | "failure", reason: string, before: readonly NewEvent[]): Promise<void> {
+  private async endOnce(result: RunResult, reason: string, before: readonly NewEvent[]): Promise<void> {
     await this.core.commit([...before, event("run_ended", this.id, identity.terminal(this.id), this.core.nowIso(), { result, reason })]);
     this.core.logger.info({ session: this.id, result, reason }, "run ended");
     // A finished run launches nothing more: stop what still runs.
@@ -207,10 +228,11 @@ export class SessionDriver implements SessionContext {
     try {
       while (!this.core.stopping()) {
         this.again = false;
+        this.interrupt();
         const carried = this.carried;
         const s = carried.length > 0 ? speculate(this.session(), carried) : this.session();
         const now = this.core.world.clock.now();
-        const step = s === null ? null : nextStep({ session: s, limits: this.core.limits, now, busy: this.executions.busy });
+        const step = s === null ? null : nextStep({ session: s, limits: this.core.limits, now, busy: this.executions.busy, approval: this.core.approval });
         if (step === null || step.kind !== "dispatch") void this.executions.discardEarly();
         const roundNext = s !== null && step !== null && step.kind === "round" && step.prepare && !(s.blocked !== null && !this.retryBlocked);
         if (carried.length > 0 && !roundNext) {
@@ -289,10 +311,37 @@ export class SessionDriver implements SessionContext {
     this.retryHandle = null;
   }
 
+  /**
+   * Ends a run an operator cancelled: a cell an earlier worker left started is stopped and recorded
+   * (cancelled; Executions.recover), queued cells are cancelled, and the run ends as `cancelled`.
+   * Nothing runs here (nextStep asks only when no cell is busy).
+   */
+  private async cancelRun(): Promise<void> {
+    await this.executions.recover();
+    await this.core.faults?.("cancel:cells-stopped", { session: this.id });
+    const s = this.session();
+    if (s.terminal !== null) return;
+    const at = this.core.nowIso();
+    const before = cancelledQueued(s, at);
+    await this.endRun("cancelled", cancelledReason(s), before);
+    for (const e of before) if (e.kind === "execution_finished") this.core.metrics?.executionFinished(s.executions.get(e.body.cell_id)?.kind ?? "cmd", "cancelled", null);
+  }
+
+  /** Records that cell `cellId`, next to launch, waits for a person's approval under `rule`. */
+  private async requestApproval(cellId: number, rule: string): Promise<void> {
+    await this.core.commit([event("approval_requested", this.id, identity.approvalRequested(this.id, cellId), this.core.nowIso(), { cell_id: cellId, rule })]);
+    this.core.logger.warn({ session: this.id, cell: cellId, rule }, "cell waits for approval (cairn approve / cairn deny)");
+    await this.core.faults?.("approval:requested", { session: this.id, cell: cellId });
+  }
+
   private async perform(step: Exclude<NextStep, { kind: "ended" | "wait" }>): Promise<void> {
     switch (step.kind) {
       case "end_run":
         return this.endRun(step.result, step.reason);
+      case "cancel_run":
+        return this.cancelRun();
+      case "request_approval":
+        return this.requestApproval(step.cell.id, step.rule);
       case "fire_timer":
         return this.timers.fire(step.timer.timer_id);
       case "control":
@@ -309,6 +358,10 @@ function describe(step: Exclude<NextStep, { kind: "ended" | "wait" }>): string {
   switch (step.kind) {
     case "end_run":
       return "end_run";
+    case "cancel_run":
+      return "cancel_run";
+    case "request_approval":
+      return `request_approval:${step.cell.id}`;
     case "fire_timer":
       return `fire_timer:${step.timer.timer_id}`;
     case "control":

@@ -14,6 +14,7 @@ import { randomBytes } from "node:crypto";
 import { z } from "zod";
 import type { Logger } from "pino";
 import { Budgets } from "../state/events.js";
+import { ApprovalRules, type ApprovalRule } from "../state/approval.js";
 import { ConfigError } from "../errors.js";
 
 /** The mailbox `kind` of a start request (no outside observation may use it). */
@@ -46,13 +47,15 @@ export const StartRequest = z.strictObject({
   budgets: Budgets.default({}),
   /** The run asks for the host's network in its cells. */
   cell_network: z.literal("host").optional(),
+  /** Cells matching one of these rules wait for a person's approval. */
+  approval: ApprovalRules.optional(),
 });
 export type StartRequest = z.infer<typeof StartRequest>;
 
 /** What starting a submitted run needs from the harness. */
 export interface StartHost {
-  session(id: string): { goal: string; validators: readonly (readonly string[])[]; budgets: Budgets; cell_network?: "host" } | undefined;
-  start(options: { id: string; goal: string; validators: string[][]; budgets: Budgets; cellNetwork?: "host" }): Promise<string>;
+  session(id: string): { goal: string; validators: readonly (readonly string[])[]; budgets: Budgets; cell_network?: "host"; approval?: readonly ApprovalRule[] } | undefined;
+  start(options: { id: string; goal: string; validators: string[][]; budgets: Budgets; cellNetwork?: "host"; approval?: readonly ApprovalRule[] }): Promise<string>;
   readonly logger: Logger;
 }
 
@@ -69,18 +72,19 @@ export async function startRequested(m: { session: string; id: string; payload: 
     if (!sameRequest(parsed.data, existing)) host.logger.warn({ session: m.session }, "dropped a start request for a run that exists with another goal or settings");
     return;
   }
-  const { goal, validators, budgets, cell_network } = parsed.data;
-  const id = await host.start({ id: m.session, goal, validators, budgets, ...(cell_network !== undefined ? { cellNetwork: cell_network } : {}) });
+  const { goal, validators, budgets, cell_network, approval } = parsed.data;
+  const id = await host.start({ id: m.session, goal, validators, budgets, ...(cell_network !== undefined ? { cellNetwork: cell_network } : {}), ...(approval !== undefined ? { approval } : {}) });
   host.logger.info({ session: id }, "started a submitted run");
 }
 
 /** True when a run created from `request` matches it (same goal, validators and budgets). */
-export function sameRequest(a: StartRequest, b: { goal: string; validators: readonly (readonly string[])[]; budgets: Budgets; cell_network?: "host" }): boolean {
+export function sameRequest(a: StartRequest, b: { goal: string; validators: readonly (readonly string[])[]; budgets: Budgets; cell_network?: "host"; approval?: readonly ApprovalRule[] }): boolean {
   return (
     a.goal === b.goal &&
     JSON.stringify(a.validators) === JSON.stringify(b.validators) &&
     JSON.stringify(sortBudgets(a.budgets)) === JSON.stringify(sortBudgets(b.budgets)) &&
-    (a.cell_network ?? null) === (b.cell_network ?? null)
+    (a.cell_network ?? null) === (b.cell_network ?? null) &&
+    JSON.stringify(a.approval ?? []) === JSON.stringify(b.approval ?? [])
   );
 }
 

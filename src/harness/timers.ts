@@ -14,6 +14,7 @@ import { z } from "zod";
 import { type CellCaller, type CellReply, CellSocket } from "./cell-socket.js";
 import { event, identity } from "../state/events.js";
 import type { HarnessCore } from "./core.js";
+import { EffectRequests } from "./effects.js";
 import type { SessionContext } from "./session.js";
 import type { TimerFunctions } from "./world.js";
 
@@ -182,8 +183,8 @@ export class Sleeper {
 }
 
 /**
- * A harness's timers outside the log: the cell socket `cairn timer` reaches from inside a cell
- * (started at open), and the sleeps of the model round's back-off. `close` ends both.
+ * A harness's timers outside the log: the cell socket `cairn timer` and `cairn effect` reach from
+ * inside a cell (started at open), and the sleeps of the model round's back-off. `close` ends both.
  */
 export class TimerHousekeeping {
   readonly sleeper: Sleeper;
@@ -193,11 +194,13 @@ export class TimerHousekeeping {
     this.sleeper = new Sleeper(fns, open);
   }
 
-  /** Starts the cell socket at `path`; timer requests register timers through `core`. */
+  /** Starts the cell socket at `path`; timer and effect requests commit through `core`. */
   async listen(path: string, core: HarnessCore): Promise<void> {
+    const effects = new EffectRequests(core);
     const socket = new CellSocket(async (op, req, caller) => {
       if (op === "timer") return registerTimer(core, req, caller);
-      return { ok: false, error: `unknown request "${op.slice(0, 40)}": this harness answers "timer"` };
+      if (op === "effect_begin" || op === "effect_end" || op === "effect_key") return effects.handle(op, req, caller);
+      return { ok: false, code: "usage", error: `unknown request "${op.slice(0, 40)}": this harness answers "timer", "effect_begin", "effect_end" and "effect_key"` };
     });
     await socket.listen(path);
     this.socket = socket;

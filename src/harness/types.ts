@@ -2,7 +2,9 @@
  * The Harness's options and answers.
  */
 import type { Logger } from "pino";
+import type { ApprovalRule } from "../state/approval.js";
 import type { Budgets } from "../state/events.js";
+import type { RunResult } from "../state/schema.js";
 import type { Storage } from "../storage/contract.js";
 import type { SnapshotPolicy } from "../storage/snapshots.js";
 import type { Model } from "../model/contract.js";
@@ -36,6 +38,11 @@ export interface HarnessOpenOptions {
   readonly submitCwd?: string;
   /** When to write projection snapshots (default DEFAULT_SNAPSHOT_POLICY); false: never. */
   readonly snapshots?: Partial<SnapshotPolicy> | false;
+  /**
+   * This worker's approval rules, for every run it drives besides the run's own: a cell matching
+   * one waits for a person's approval before it is launched (src/state/approval.ts).
+   */
+  readonly approval?: readonly ApprovalRule[];
 }
 
 export interface StartOptions {
@@ -49,11 +56,13 @@ export interface StartOptions {
   readonly id?: string;
   /** "host": this run's cells get the host's network (recorded in its log). Default: the worker's setting. */
   readonly cellNetwork?: "off" | "host";
+  /** Cells matching one of these rules wait for a person's approval (recorded in its log). */
+  readonly approval?: readonly ApprovalRule[];
 }
 
 export interface RunOutcome {
   readonly session: string;
-  readonly result: "success" | "failure";
+  readonly result: RunResult;
   readonly reason: string;
 }
 

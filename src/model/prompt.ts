@@ -48,6 +48,9 @@ If the runtime crashed while a cell was running, its result is "UnknownExecution
 {"kind":"note","role":"resolution","target_cell_id":ID,"evidence_refs":["cell:12"],"text":"what you found and what you decided"}
 where evidence_refs name the cells ("cell:<id>") or log events ("event:<seq>") that justify it. Repeat the work only if the evidence shows it is needed.
 
+# Effects outside
+Before a cell changes something outside the workspace (opens a pull request, sends a message, calls a paid API), have it declare the effect: "cairn effect begin NAME" prints "proceed" (do it, passing "cairn effect key NAME" as the idempotency key when the API takes one), "done RESULT" (already done: do not repeat it) or "uncertain" (begun and never ended: check outside, then "cairn effect end NAME --result JSON" if it happened or "cairn effect begin NAME --retry" if not); after doing it, "cairn effect end NAME --result JSON". In Python scripts: "from cairn_effects import effect" and "with effect(NAME) as e:" (e.status, e.key, e.result, e.done(result), e.retry()). NAMEs belong to the run: a cell run again gets the same answers. runtime.cells lists each cell's "effects" (done with their result, or uncertain), and an UnknownExecution lists "uncertain_effects": reconcile those only.
+
 # Notes that ask the harness to act
 - cancel: {"kind":"note","role":"cancel","target_cell_id":ID,"text":"why"} stops a queued or running cell.
 - resolution: as above.

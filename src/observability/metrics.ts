@@ -20,8 +20,8 @@ export type CommitOutcome = "ok" | "rejected" | "uncertain" | "fenced";
 export type ExecutionKind = "script" | "cmd";
 /** How an execution finished (ARCHITECTURE.md section 6). */
 export type ExecutionResult = "success" | "error" | "cancelled" | "UnknownExecution";
-/** How a run ended (its conclusion's result). */
-export type RunResult = "success" | "failure";
+/** How a run ended (its conclusion's result, or an operator's cancel). */
+export type RunResult = "success" | "failure" | "cancelled";
 
 /** Options of {@link Metrics}. */
 export interface MetricsOptions {
@@ -42,7 +42,10 @@ const WORKER_STATES: readonly WorkerState[] = ["starting", "standby", "owner", "
 const COMMIT_OUTCOMES: readonly CommitOutcome[] = ["ok", "rejected", "uncertain", "fenced"];
 const EXECUTION_KINDS: readonly ExecutionKind[] = ["script", "cmd"];
 const EXECUTION_RESULTS: readonly ExecutionResult[] = ["success", "error", "cancelled", "UnknownExecution"];
-const RUN_RESULTS: readonly RunResult[] = ["success", "failure"];
+const RUN_RESULTS: readonly RunResult[] = ["success", "failure", "cancelled"];
+/** What an operator asks of a run (the bounded label set of `cairn_operator_requests_total`). */
+export type OperatorAction = "pause" | "unpause" | "cancel" | "approve" | "deny";
+const OPERATOR_ACTIONS: readonly OperatorAction[] = ["pause", "unpause", "cancel", "approve", "deny"];
 
 // A Record keyed by the union makes the compiler flag a RejectionCode added in admission.ts and missing here.
 const REJECTION_CODE_SET: Readonly<Record<RejectionCode, true>> = {
@@ -133,6 +136,10 @@ export class Metrics {
   private readonly runsActive: Gauge;
   private readonly runsBlocked: Gauge;
   private readonly runBlocks: Counter;
+  private readonly runsPaused: Gauge;
+  private readonly approvalsWaiting: Gauge;
+  private readonly approvalOldestWait: Gauge;
+  private readonly steerings: Counter<"action">;
   private readonly progress: Gauge;
 
   /**
@@ -210,6 +217,14 @@ export class Metrics {
     this.runsActive = new Gauge({ name: "cairn_runs_active", help: "Runs started and not yet ended.", registers });
     this.runsBlocked = new Gauge({ name: "cairn_runs_blocked", help: "Runs parked until an operator fixes the model's credentials or configuration (then `cairn resume`).", registers });
     this.runBlocks = new Counter({ name: "cairn_run_blocks_total", help: "Runs parked as blocked, by cause (auth, config, retry_budget).", labelNames: ["cause"], registers });
+    this.runsPaused = new Gauge({ name: "cairn_runs_paused", help: "Runs an operator has paused (cairn pause) and not yet unpaused.", registers });
+    this.approvalsWaiting = new Gauge({ name: "cairn_approvals_waiting", help: "Cells waiting for a person's approval (cairn approve / cairn deny).", registers });
+    this.approvalOldestWait = new Gauge({
+      name: "cairn_approval_oldest_wait_seconds",
+      help: "How long the longest-waiting cell has waited for a person's approval, in seconds (0 when none waits); feeds the approval alert.",
+      registers,
+    });
+    this.steerings = new Counter({ name: "cairn_operator_requests_total", help: "Operators' requests the owner applied, by action (pause, unpause, cancel, approve, deny).", labelNames: ["action"], registers });
     this.progress = new Gauge({ name: "cairn_last_progress_timestamp_seconds", help: "Unix time of the last committed progress (used by the run-stuck alert).", registers });
 
     // Start bounded label sets at 0, so increase()/rate() see the first event.
@@ -221,6 +236,7 @@ export class Metrics {
     for (const outcome of ["ok", "error"]) this.modelAttempts.inc({ outcome }, 0);
     for (const direction of ["input", "output"]) this.modelTokens.inc({ direction }, 0);
     for (const result of RUN_RESULTS) this.runsEnded.inc({ result }, 0);
+    for (const action of OPERATOR_ACTIONS) this.steerings.inc({ action }, 0);
     for (const code of REJECTION_CODES) this.patchesRejected.inc({ code }, 0);
   }
 
@@ -388,6 +404,22 @@ export class Metrics {
   /** Runs currently blocked (waiting for an operator). */
   setRunsBlocked(n: number): void {
     if (ok(n)) this.runsBlocked.set(n);
+  }
+
+  /** Runs an operator has paused. */
+  setRunsPaused(n: number): void {
+    if (ok(n)) this.runsPaused.set(n);
+  }
+
+  /** Cells waiting for approval, and how long (s) the longest has waited (0 when none). */
+  setApprovalsWaiting(n: number, oldestSeconds: number): void {
+    if (ok(n)) this.approvalsWaiting.set(n);
+    if (ok(oldestSeconds)) this.approvalOldestWait.set(oldestSeconds);
+  }
+
+  /** The owner applied an operator's request. */
+  operatorRequest(action: OperatorAction): void {
+    this.steerings.inc({ action });
   }
 
   /** A run was parked as blocked. */

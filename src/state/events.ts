@@ -8,7 +8,9 @@
  * Pure: no I/O, no clock (`at` is supplied by the caller).
  */
 import { z } from "zod";
-import { Cell, CellId, ConclusionResult, ExecutionResult, JsonValue, Observation, UnknownExecution } from "./schema.js";
+import { ApprovalRules } from "./approval.js";
+import { EffectName } from "./effects.js";
+import { Cell, CellId, ExecutionResult, JsonValue, Observation, RunResult, UnknownExecution } from "./schema.js";
 
 const TurnId = z.string().min(1).max(200);
 const TokenUsage = z.strictObject({
@@ -24,6 +26,21 @@ export const Budgets = z.strictObject({
 });
 export type Budgets = z.infer<typeof Budgets>;
 
+/** Where a forked run comes from: the run, the round it was forked after, and that round's accepting event. */
+export const ForkOrigin = z.strictObject({
+  session: z.string().min(1).max(200),
+  round: z.number().int().nonnegative(),
+  /** The seq of the `patch_accepted` of that round (of `session_created` for round 0). */
+  cut_seq: z.number().int().positive(),
+  /** The State revision after that round. */
+  revision: z.number().int().nonnegative(),
+});
+export type ForkOrigin = z.infer<typeof ForkOrigin>;
+
+/** An operator's request id (the mailbox message id of a pause, cancel or approval). */
+const RequestId = z.string().min(1).max(200);
+const Reason = z.string().max(2000);
+
 /** Bodies, one schema per kind. */
 export const EventBodies = {
   /** A new session (one run toward one goal). */
@@ -35,6 +52,18 @@ export const EventBodies = {
     budgets: Budgets,
     /** The run asked for the host's network in its cells (`--cell-network host`); absent: none. */
     cell_network: z.literal("host").optional(),
+    /** Cells matching any of these rules wait for a person's approval before they run (approval.ts). */
+    approval: ApprovalRules.optional(),
+    /**
+     * Set when this run is a fork of another (`cairn fork`): its State is the origin's after round
+     * `round` (the log up to `cut_seq`). Until `fork_completed` the run is being copied and does nothing.
+     */
+    fork: ForkOrigin.optional(),
+    /**
+     * 128 random bits (hex) drawn when the run is created: the effect keys of the run and of its
+     * forks derive from it (src/harness/effects.ts). Absent in logs older than the effect ledger.
+     */
+    effect_seed: z.string().regex(/^[0-9a-f]{32}$/).optional(),
   }),
   /** An observation entered the session's inbox (from an execution, a timer, a control note or outside). */
   inbox_received: z.strictObject({ observation: Observation }),
@@ -148,6 +177,22 @@ export const EventBodies = {
     due_at: z.string(),
     late_ms: z.number().nonnegative(),
   }),
+  /**
+   * A cell is about to perform effect `name` (`cairn effect begin`): committed before the cell is
+   * answered `proceed`. `attempt` counts the begins of the name in the run (a retry of an uncertain
+   * effect is attempt 2, ...).
+   */
+  effect_begun: z.strictObject({
+    name: EffectName,
+    cell_id: CellId,
+    attempt: z.number().int().positive(),
+  }),
+  /** A cell recorded what effect `name` came to (`cairn effect end`): final; a later begin answers `done`. */
+  effect_ended: z.strictObject({
+    name: EffectName,
+    cell_id: CellId,
+    result: JsonValue,
+  }),
   /** A role note (cancel, resolution, conclusion) was acted on. */
   control_handled: z.strictObject({
     note_id: CellId,
@@ -173,11 +218,28 @@ export const EventBodies = {
     boot_id: z.string(),
     pid: z.number().int().positive(),
   }),
-  /** The run is over. A finished run never revives. */
+  /** The run is over. A finished run never revives. `cancelled`: an operator cancelled it. */
   run_ended: z.strictObject({
-    result: ConclusionResult,
+    result: RunResult,
     reason: z.string(),
   }),
+  /**
+   * An operator paused the run: no model call, no launch, no approval asked until it is unpaused. The
+   * running cell finishes, or with `now` is stopped (recorded as UnknownExecution, as a cancel note does).
+   */
+  run_paused: z.strictObject({ request: RequestId, reason: Reason, now: z.boolean() }),
+  run_unpaused: z.strictObject({ request: RequestId, reason: Reason }),
+  /**
+   * An operator cancelled the run: its running cell is stopped and recorded as cancelled, queued cells
+   * are cancelled, no validator runs, and the run ends as `cancelled` (the driver does it next).
+   */
+  run_cancel_requested: z.strictObject({ request: RequestId, reason: Reason }),
+  /** Cell `cell_id` was next to launch and matches an approval rule: it waits for a person's decision. */
+  approval_requested: z.strictObject({ cell_id: CellId, rule: z.string().max(5000) }),
+  /** A person approved the cell (it may be launched) or denied it (it never runs; the model is told). */
+  approval_decided: z.strictObject({ cell_id: CellId, request: RequestId, decision: z.enum(["approved", "denied"]), reason: Reason }),
+  /** The fork's copy of its origin is complete: from here it is a run like any other. */
+  fork_completed: z.strictObject({ copied: z.number().int().nonnegative() }),
 } as const;
 
 export type EventKind = keyof typeof EventBodies;
@@ -267,6 +329,17 @@ export const identity = {
   owner: (s: string, epoch: number) => `owner:${s}:${epoch}`,
   blocked: (turn: string, attempt: number) => `blocked:${turn}:${attempt}`,
   postRefused: (s: string, mseq: number) => `post_refused:${s}:${mseq}`,
+  /** A pause or unpause request (one event per request, so a redelivered request is a duplicate). */
+  steer: (s: string, request: string) => `steer:${s}:${request}`,
+  /** The one cancel of a run. */
+  cancel: (s: string) => `cancel:${s}`,
+  approvalRequested: (s: string, cell: number) => `approval:${s}:${cell}`,
+  approvalDecided: (s: string, cell: number) => `approval_decided:${s}:${cell}`,
+  /** An event of a fork's copy of its origin: `origin` is a seq in the origin's log (or a name of a synthesized one). */
+  forkCopy: (s: string, origin: number | string) => `fork:${s}:${origin}`,
+  forkCompleted: (s: string) => `fork_completed:${s}`,
+  effectBegun: (s: string, name: string, attempt: number) => `effect:${s}:${name}:${attempt}`,
+  effectEnded: (s: string, name: string) => `effect_end:${s}:${name}`,
 } as const;
 
 /** The turn id of round `n` of session `s`. */
@@ -280,6 +353,8 @@ export const observationId = {
   timer: (timerId: string) => `timer:${timerId}`,
   control: (note: number) => `control:${note}`,
   idle: (n: number) => `idle:${n}`,
+  /** The observation that tells a forked run's model where it comes from. */
+  fork: () => "control:fork",
 } as const;
 
 export { Cell };

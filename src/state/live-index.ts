@@ -17,12 +17,13 @@
  * index says there is one, so the answers are exactly those of a full scan.
  */
 import type { ExecutionRecord } from "./projection.js";
+import { pausesQueue } from "./projection.js";
 import type { Cell } from "./schema.js";
 
 export interface ExecutionIndex {
   /** Cell ids of executions queued or started, in the order they entered the map. */
   readonly unfinished: Set<number>;
-  /** Cell ids of finished executions whose result is `error` or UnknownExecution (they may pause the queue). */
+  /** Cell ids of finished executions that may pause the queue (`error`, UnknownExecution, denied: projection.ts pausesQueue). */
   readonly troubled: Set<number>;
 }
 
@@ -34,12 +35,11 @@ export interface CellIndex {
 const executionIndexes = new WeakMap<ReadonlyMap<number, ExecutionRecord>, ExecutionIndex>();
 const cellIndexes = new WeakMap<ReadonlyMap<number, Cell>, CellIndex>();
 
-const isTroubled = (ex: ExecutionRecord): boolean => ex.phase === "finished" && (ex.result === "error" || ex.result === "UnknownExecution");
 
 function place(index: ExecutionIndex, id: number, ex: ExecutionRecord): void {
   if (ex.phase === "finished") index.unfinished.delete(id);
   else index.unfinished.add(id);
-  if (isTroubled(ex)) index.troubled.add(id);
+  if (pausesQueue(ex)) index.troubled.add(id);
   else index.troubled.delete(id);
 }
 

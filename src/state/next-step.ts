@@ -4,22 +4,30 @@
  * asks again (decide, then perform).
  *
  * The order of the rules is the order of `nextStep`:
- *   1. an ended run does nothing;
- *   2. budgets: tokens, wall time, and rounds (only when a new round is wanted) end the run;
- *   3. an accepted role note not yet handled (cancel, resolution, conclusion) is handled, in cell order;
- *   4. the oldest queued execution is dispatched, unless a cell runs (here or for an earlier worker)
- *      or the queue is paused: an `error` or UnknownExecution whose observation no accepted patch
- *      has consumed yet;
- *   5. the model is called when there is something to decide: no round yet, unread observations, or
+ *   1. an ended run does nothing; nor does a fork whose copy of its origin is not complete;
+ *   2. an operator's cancel ends the run as cancelled, once no cell runs here (`interrupts` stops it);
+ *   3. budgets: tokens, wall time, and rounds (only when a new round is wanted) end the run;
+ *   4. a paused run only lets a due timer fire: no control note, launch, approval request or model call;
+ *   5. an accepted role note not yet handled (cancel, resolution, conclusion) is handled, in cell order;
+ *   6. the oldest queued execution is dispatched, unless a cell runs (here or for an earlier worker)
+ *      or the queue is paused: an `error`, an UnknownExecution or a denied cell whose observation no
+ *      accepted patch has consumed yet. When an approval rule (the run's or the worker's) matches
+ *      it, its approval is asked first, and it is dispatched only once approved;
+ *   7. the model is called when there is something to decide: no round yet, unread observations, or
  *      a round left open (prepared before a crash);
- *   6. a timer that is due fires (its armed callback also fires it while the loop is busy, e.g. in a
+ *   8. a timer that is due fires (its armed callback also fires it while the loop is busy, e.g. in a
  *      model call, so its observation reaches the next round);
- *   7. otherwise wait: for the running cell, the next timer, the wall-time budget or the outside world.
+ *   9. otherwise wait: for the running cell, an approval, an unpause, the next timer, the wall-time
+ *      budget or the outside world.
+ *
+ * What cannot wait for the loop (it may be in a model call) is decided by `interrupts`: a cancel
+ * stops the running cell and the model call, a pause with `now` stops the running cell.
  *
  * Pure: no I/O, no clock (the time is an argument).
  */
 import type { ExecutionRecord, SessionProjection, TimerRecord, TurnRecord } from "./projection.js";
-import { isUnresolvedUnknown } from "./projection.js";
+import { isUnresolvedUnknown, pausesQueue } from "./projection.js";
+import { describeRule, gateOf, type ApprovalRule } from "./approval.js";
 import { observationId, turnId } from "./events.js";
 import type { ExecutableCell, NoteCell } from "./schema.js";
 import { isExecutable } from "./schema.js";
@@ -40,6 +48,8 @@ export interface StepInput {
   readonly now: number;
   /** This process has a cell running or being launched (the log may not show it started yet). */
   readonly busy: boolean;
+  /** The worker's approval rules, for every run it drives (besides the run's own). */
+  readonly approval?: readonly ApprovalRule[];
 }
 
 /** Something the session waits for. */
@@ -47,6 +57,9 @@ export type WaitFor =
   | { readonly kind: "execution"; readonly cell_id: number }
   | { readonly kind: "timer"; readonly timer_id: string; readonly due: number }
   | { readonly kind: "wall_budget"; readonly due: number }
+  | { readonly kind: "approval"; readonly cell_id: number }
+  | { readonly kind: "unpause" }
+  | { readonly kind: "fork_copy" }
   | { readonly kind: "outside" };
 
 export type ControlAction = "resolve" | "cancel" | "conclude";
@@ -57,6 +70,10 @@ export type NextStep =
   | { readonly kind: "ended" }
   /** End the run as a failure (a budget is exhausted). */
   | { readonly kind: "end_run"; readonly result: "failure"; readonly reason: string }
+  /** An operator cancelled the run: cancel what is queued or was left started, and end it as cancelled. */
+  | { readonly kind: "cancel_run"; readonly reason: string }
+  /** This queued execution is next and a rule asks for approval: record that it waits for one. */
+  | { readonly kind: "request_approval"; readonly cell: ExecutableCell; readonly execution: ExecutionRecord; readonly rule: string }
   /** Record that this timer fired and deliver its observation. */
   | { readonly kind: "fire_timer"; readonly timer: TimerRecord }
   /** Act on this accepted role note. */
@@ -75,13 +92,31 @@ export type NextStep =
 export function nextStep(input: StepInput): NextStep {
   const { session: s, now } = input;
   if (s.terminal !== null) return { kind: "ended" };
+  if (s.forming !== null) return { kind: "wait", until: null, for: [{ kind: "fork_copy" }] };
+  if (s.cancel_requested !== null) {
+    if (!input.busy) return { kind: "cancel_run", reason: s.cancel_requested.reason };
+    return wait(s);
+  }
   const ended = budgetExhausted(s, now);
   if (ended !== null) return { kind: "end_run", result: "failure", reason: ended };
+  if (s.paused !== null) {
+    const due = dueTimers(s, now)[0];
+    return due !== undefined ? { kind: "fire_timer", timer: due } : wait(s);
+  }
   const control = nextControl(s);
   if (control !== null) return { kind: "control", ...control };
   if (!input.busy) {
     const next = nextDispatch(s);
-    if (next !== null) return { kind: "dispatch", ...next };
+    if (next !== null) {
+      const approval = next.execution.approval;
+      if (approval === null) {
+        const rule = gateOf(next.cell, s.approval, input.approval);
+        if (rule !== null) return { kind: "request_approval", ...next, rule: describeRule(rule) };
+        return { kind: "dispatch", ...next };
+      }
+      if (approval.state === "approved") return { kind: "dispatch", ...next };
+      // Waiting for a person: nothing else launches before it (queue order); the model may still act.
+    }
   }
   if (wantsRound(s)) {
     if (s.open_turn !== null) return { kind: "round", turn: s.open_turn, prepare: false, n: s.turns.get(s.open_turn)?.n ?? s.turn_count, delivered: [] };
@@ -95,7 +130,7 @@ export function nextStep(input: StepInput): NextStep {
 
 /** A new or open model round is wanted: none yet, unread observations, or one left open. */
 export function wantsRound(s: SessionProjection): boolean {
-  if (s.terminal !== null) return false;
+  if (s.terminal !== null || s.paused !== null || s.forming !== null || s.cancel_requested !== null) return false;
   if (s.open_turn !== null) return true;
   if (s.turn_count === 0) return true;
   return s.pending.length > 0;
@@ -152,7 +187,26 @@ export function nextControl(s: SessionProjection): { note: NoteCell; action: Con
   return null;
 }
 
-/** The finished `error` or UnknownExecution whose observation no accepted patch consumed yet: the queue waits for the model to see it. */
+/**
+ * What must stop now, without waiting for the driver's loop (it may be in a model call): with an
+ * operator's cancel, the cell running in this process (`running`) and the model call; with a pause
+ * `now`, the running cell. Pure, like nextStep; the driver asks on every wake-up.
+ */
+export function interrupts(s: SessionProjection, running: number | null): { readonly stopCell: { readonly cell_id: number; readonly as: "pause" | "cancel" } | null; readonly abortModel: boolean } {
+  if (s.terminal !== null) return { stopCell: null, abortModel: false };
+  if (s.cancel_requested !== null) return { stopCell: running === null ? null : { cell_id: running, as: "cancel" }, abortModel: true };
+  if (s.paused?.now === true && running !== null) return { stopCell: { cell_id: running, as: "pause" }, abortModel: false };
+  return { stopCell: null, abortModel: false };
+}
+
+/** The queued execution waiting for a person's approval, if any (at most one: approval is asked of the next to launch). */
+export function awaitingApproval(s: SessionProjection): ExecutionRecord[] {
+  const out: ExecutionRecord[] = [];
+  for (const ex of unfinished(s)) if (ex.phase === "queued" && ex.approval?.state === "waiting") out.push(ex);
+  return out;
+}
+
+/** The finished `error`, UnknownExecution or denied cell whose observation no accepted patch consumed yet: the queue waits for the model to see it. */
 export function pausedBy(s: SessionProjection): ExecutionRecord | null {
   const index = executionIndex(s.executions);
   if (index !== null) {
@@ -166,8 +220,7 @@ export function pausedBy(s: SessionProjection): ExecutionRecord | null {
     if (!paused) return null;
   }
   for (const ex of s.executions.values()) {
-    if (ex.phase !== "finished") continue;
-    if (ex.result !== "error" && ex.result !== "UnknownExecution") continue;
+    if (!pausesQueue(ex)) continue;
     if (!s.consumed.has(observationId.execution(ex.cell_id))) return ex;
   }
   return null;
@@ -220,7 +273,11 @@ export function successBlockers(s: SessionProjection): string[] {
 /** What a session with nothing to do now waits for, and the earliest time to look again. */
 function wait(s: SessionProjection): NextStep {
   const waits: WaitFor[] = [];
-  for (const ex of unfinished(s)) if (ex.phase !== "finished") waits.push({ kind: "execution", cell_id: ex.cell_id });
+  for (const ex of unfinished(s)) {
+    if (ex.phase === "started") waits.push({ kind: "execution", cell_id: ex.cell_id });
+    else if (ex.phase === "queued") waits.push(ex.approval?.state === "waiting" ? { kind: "approval", cell_id: ex.cell_id } : { kind: "execution", cell_id: ex.cell_id });
+  }
+  if (s.paused !== null) waits.push({ kind: "unpause" });
   for (const t of s.timers.values()) if (!t.fired) waits.push({ kind: "timer", timer_id: t.timer_id, due: Date.parse(t.due_at) });
   const wall = wallDeadline(s);
   if (wall !== null) waits.push({ kind: "wall_budget", due: wall });

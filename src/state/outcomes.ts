@@ -6,11 +6,13 @@
  * Pure: no I/O, no clock (the time is an argument).
  */
 import type { AdmissionContext, Receipt } from "./admission.js";
+import { cellEffectNames } from "./effects.js";
 import type { EventBody, NewEvent } from "./events.js";
 import { event, identity, observationId } from "./events.js";
 import type { ExecutionRecord, SessionProjection, TimerRecord, TurnRecord } from "./projection.js";
-import type { NoteCell, Observation } from "./schema.js";
+import type { NoteCell, Observation, UnknownExecution } from "./schema.js";
 import { isExecutable } from "./schema.js";
+import type { ApprovalRule } from "./approval.js";
 
 type AcceptedRound = AdmissionContext["accepted"] extends ReadonlyMap<string, infer V> ? V : never;
 
@@ -70,6 +72,11 @@ export function executionObservation(body: FinishedBody, at: string, ex: Executi
   if (body.detail !== null) payload.detail = body.detail;
   if (body.unknown !== null) payload.unknown = body.unknown;
   if (ex !== undefined && ex.output_tail.length > 0) payload.output_tail = ex.output_tail.slice(-2000);
+  // The effects the cell declared, as the ledger holds them once it ended: begun and not ended is uncertain.
+  if (ex !== undefined && ex.effects.length > 0) {
+    payload.effects = ex.effects.map((e) => (e.status === "done" ? { name: e.name, status: "done", result: e.result ?? null } : { name: e.name, status: "uncertain" }));
+    if (ex.effects_omitted > 0) payload.effects_omitted = ex.effects_omitted;
+  }
   return { id: observationId.execution(body.cell_id), source: "execution", kind: `execution_${body.result}`, at, payload: payload as Observation["payload"] };
 }
 
@@ -101,8 +108,35 @@ export function cancelledBeforeLaunch(cellId: number, noteId: number): FinishedB
   };
 }
 
-/** The UnknownExecution of a `started` execution whose worker was lost before it recorded a result. */
-export function lostWorker(ex: ExecutionRecord, stopped: { readonly worker_stopped: boolean; readonly detail: string }): FinishedBody {
+/**
+ * The effect fields of an UnknownExecution for `ex`: the effects it began and never ended (the only
+ * ones to reconcile) and those done; none when the cell declared no effect.
+ */
+function unknownEffects(ex: ExecutionRecord | undefined): Pick<UnknownExecution, "uncertain_effects" | "done_effects"> {
+  if (ex === undefined || ex.effects.length === 0) return {};
+  const { uncertain, done } = cellEffectNames(ex);
+  return { uncertain_effects: uncertain, done_effects: done };
+}
+
+/**
+ * The UnknownExecution of a `started` execution whose worker was lost before it recorded a result.
+ * In a run an operator cancelled (`cancelling`), the result is `cancelled` instead: the run ends,
+ * and the detail says the same.
+ */
+export function lostWorker(ex: ExecutionRecord, stopped: { readonly worker_stopped: boolean; readonly detail: string }, cancelling = false): FinishedBody {
+  if (cancelling) {
+    return {
+      cell_id: ex.cell_id,
+      result: "cancelled",
+      exit_code: null,
+      signal: null,
+      duration_ms: null,
+      output_bytes: ex.output_bytes,
+      dropped_bytes: 0,
+      detail: `the run was cancelled; the worker that started this cell stopped before recording its result, and what it did is unknown; ${stopped.detail}`,
+      unknown: null,
+    };
+  }
   return {
     cell_id: ex.cell_id,
     result: "UnknownExecution",
@@ -118,6 +152,7 @@ export function lostWorker(ex: ExecutionRecord, stopped: { readonly worker_stopp
       reason: "worker_lost_before_result_commit",
       worker_stopped: stopped.worker_stopped,
       evidence_refs: ex.started === null ? [] : [`event:${ex.started.seq}`],
+      ...unknownEffects(ex),
     },
   };
 }
@@ -133,24 +168,36 @@ export interface ProcessOutcome {
   readonly detail: string | null;
 }
 
+/** Who stopped a launched cell: a cancel note, an operator's pause with `now`, an operator's cancel of the run. */
+export type StoppedBy = "note" | "pause" | "cancel_run";
+
 /**
- * The result of a launched (or unlaunchable) execution. A cell whose process group a cancel note
- * stopped is UnknownExecution (`cancelled_after_launch`): what it did before the stop is unknown.
+ * The result of a launched (or unlaunchable) execution. A cell whose process group a cancel note or
+ * a pause with `now` stopped is UnknownExecution (`cancelled_after_launch`, `stopped_by_pause`): what
+ * it did before the stop is unknown, and the model must look. One stopped by an operator's cancel of
+ * the whole run is `cancelled`: the run ends, and no model will look. `stoppedBy` true means "note".
  */
-export function processFinished(s: SessionProjection, cellId: number, outcome: ProcessOutcome, cancelledAfterLaunch: boolean): FinishedBody {
-  const started = s.executions.get(cellId)?.started;
+export function processFinished(s: SessionProjection, cellId: number, outcome: ProcessOutcome, stoppedBy: boolean | StoppedBy | null): FinishedBody {
+  const ex = s.executions.get(cellId);
+  const started = ex?.started;
+  const by: StoppedBy | null = stoppedBy === true ? "note" : stoppedBy === false ? null : stoppedBy;
+  if (by === "cancel_run") {
+    const why = `stopped by an operator's cancel of the run; what it did before the stop is unknown${outcome.detail !== null ? ` (${outcome.detail})` : ""}`;
+    return { cell_id: cellId, result: "cancelled", exit_code: outcome.exit_code, signal: outcome.signal, duration_ms: outcome.duration_ms, output_bytes: outcome.output_bytes, dropped_bytes: outcome.dropped_bytes, detail: why, unknown: null };
+  }
   return {
     cell_id: cellId,
-    result: cancelledAfterLaunch ? "UnknownExecution" : outcome.result,
+    result: by !== null ? "UnknownExecution" : outcome.result,
     exit_code: outcome.exit_code,
     signal: outcome.signal,
     duration_ms: outcome.duration_ms,
     output_bytes: outcome.output_bytes,
     dropped_bytes: outcome.dropped_bytes,
-    detail: outcome.detail,
-    unknown: cancelledAfterLaunch
-      ? { type: "UnknownExecution", cell_id: cellId, reason: "cancelled_after_launch", worker_stopped: true, evidence_refs: started ? [`event:${started.seq}`] : [] }
-      : null,
+    detail: by === "pause" ? `stopped by an operator's pause with --now${outcome.detail !== null ? ` (${outcome.detail})` : ""}` : outcome.detail,
+    unknown:
+      by !== null
+        ? { type: "UnknownExecution", cell_id: cellId, reason: by === "pause" ? "stopped_by_pause" : "cancelled_after_launch", worker_stopped: true, evidence_refs: started ? [`event:${started.seq}`] : [], ...unknownEffects(ex) }
+        : null,
   };
 }
 
@@ -239,7 +286,16 @@ export function toJson(value: unknown): unknown {
 /** The event that begins a run toward `goal`; the goal, cwd, validators and budgets are fixed for its life. */
 export function sessionCreated(
   id: string,
-  o: { readonly goal: string; readonly cwd: string; readonly validators?: readonly (readonly string[])[]; readonly budgets?: EventBody<"session_created">["budgets"]; readonly cellNetwork?: "off" | "host" },
+  o: {
+    readonly goal: string;
+    readonly cwd: string;
+    readonly validators?: readonly (readonly string[])[];
+    readonly budgets?: EventBody<"session_created">["budgets"];
+    readonly cellNetwork?: "off" | "host";
+    readonly approval?: readonly ApprovalRule[];
+    /** 32 hex digits of randomness the run's effect keys derive from (the harness draws it). */
+    readonly effectSeed?: string;
+  },
   at: string,
 ): NewEvent {
   return event("session_created", id, identity.session(id), at, {
@@ -248,6 +304,8 @@ export function sessionCreated(
     validators: (o.validators ?? []).map((v) => [...v]),
     budgets: o.budgets ?? {},
     ...(o.cellNetwork === "host" ? { cell_network: "host" as const } : {}),
+    ...(o.approval !== undefined && o.approval.length > 0 ? { approval: o.approval.map((r) => structuredClone(r)) } : {}),
+    ...(o.effectSeed !== undefined ? { effect_seed: o.effectSeed } : {}),
   });
 }
 

@@ -4,8 +4,10 @@
  *
  * Pure: no I/O, no clock.
  */
-import type { Budgets } from "./events.js";
-import type { Cell, ExecutionPhase, ExecutionResult, Observation, RuntimeCell, State, UnknownExecution } from "./schema.js";
+import type { ApprovalRule } from "./approval.js";
+import type { CellEffect, EffectRecord } from "./effects.js";
+import type { Budgets, ForkOrigin } from "./events.js";
+import type { Cell, ExecutionPhase, ExecutionResult, Observation, RunResult, RuntimeCell, State, UnknownExecution } from "./schema.js";
 
 /** How much of an execution's output State shows the model (the tail). The full output is in the log. */
 export const OUTPUT_TAIL_CHARS = 4000;
@@ -58,6 +60,21 @@ export interface ExecutionRecord {
   /** The resolution note that resolved this UnknownExecution, if any. */
   readonly resolved_by: number | null;
   readonly finished_seq: number | null;
+  /** Effects this cell began or ended (effects.ts), at most MAX_CELL_EFFECTS, in the order it touched them. */
+  readonly effects: readonly CellEffect[];
+  /** Effects it touched past MAX_CELL_EFFECTS (counted, not listed). */
+  readonly effects_omitted: number;
+  /** Its approval gate, when a rule asked for one: waiting, or how a person decided. */
+  readonly approval: ApprovalRecord | null;
+}
+
+/** A cell's approval: asked when it was next to launch (`rule` says why), then decided by a person. */
+export interface ApprovalRecord {
+  readonly state: "waiting" | "approved" | "denied";
+  readonly rule: string;
+  readonly requested_at: string;
+  readonly decided_at: string | null;
+  readonly reason: string | null;
 }
 
 export interface TurnRecord {
@@ -121,6 +138,12 @@ export interface SessionProjection {
   readonly budgets: Budgets;
   /** "host" when the run asked for the host's network in its cells. */
   readonly cell_network?: "host";
+  /** The run's approval rules (absent: none; a worker may add its own). */
+  readonly approval?: readonly ApprovalRule[];
+  /** Set for a fork: the run and round it was forked from. */
+  readonly fork_of?: ForkOrigin;
+  /** While a fork's copy of its origin is being committed: the events copied so far; null otherwise. */
+  readonly forming: number | null;
   readonly created_at: string;
   /** The model's State. `runtime.inbox` holds the observations delivered to the open turn. */
   readonly state: State;
@@ -154,9 +177,20 @@ export interface SessionProjection {
   /** Consecutive accepted patches that left nothing to wait for. */
   readonly idle_streak: number;
   readonly idle_total: number;
-  readonly terminal: { readonly result: "success" | "failure"; readonly reason: string; readonly at: string } | null;
+  readonly terminal: { readonly result: RunResult; readonly reason: string; readonly at: string } | null;
+  /** Set while an operator has the run paused (cleared by unpause). */
+  readonly paused: { readonly reason: string; readonly at: string; readonly now: boolean; readonly request: string } | null;
+  /** Set once an operator cancelled the run; the driver then ends it as cancelled. */
+  readonly cancel_requested: { readonly reason: string; readonly at: string; readonly request: string } | null;
   /** Set while the run is parked waiting for an operator (cleared by the next model attempt or the end). */
   readonly blocked: { readonly cause: "auth" | "config" | "retry_budget"; readonly reason: string; readonly at: string; readonly turn: string } | null;
+  /**
+   * The run's effect keys derive from this (src/harness/effects.ts): the `effect_seed` of its
+   * `session_created`, or null for a run created before the ledger existed.
+   */
+  readonly effect_seed: string | null;
+  /** The effect ledger by name (effects.ts): never cut by history. */
+  readonly effects: ReadonlyMap<string, EffectRecord>;
   /** Outside observations refused at drain time, oldest first (the last 100). */
   readonly refused_posts: readonly { readonly id: string; readonly kind: string; readonly code: string; readonly reason: string; readonly at: string }[];
   readonly last_seq: number;
@@ -176,6 +210,14 @@ export function phasesOf(executions: ReadonlyMap<number, ExecutionRecord>): Map<
   return out;
 }
 
+/**
+ * A finished execution the model must see before the queue moves on: an `error`, an
+ * UnknownExecution, or a cell a person denied (whether it is still unseen is the caller's question).
+ */
+export function pausesQueue(ex: ExecutionRecord): boolean {
+  return ex.phase === "finished" && (ex.result === "error" || ex.result === "UnknownExecution" || ex.approval?.state === "denied");
+}
+
 /** An UnknownExecution that no resolution note has resolved yet. */
 export function isUnresolvedUnknown(ex: ExecutionRecord): boolean {
   return ex.result === "UnknownExecution" && ex.resolved_by === null;
@@ -193,6 +235,12 @@ export function runtimeCellOf(ex: ExecutionRecord): RuntimeCell {
   if (ex.dropped_bytes > 0 || ex.output_bytes > 3 * tailUnits || (ex.output_bytes > tailUnits && utf8Length(ex.output_tail) < ex.output_bytes)) out.truncated = true;
   if (ex.unknown !== null) out.unknown = ex.unknown;
   if (ex.resolved_by !== null) out.resolved_by = ex.resolved_by;
+  if (ex.effects.length > 0) {
+    out.effects = ex.effects.map((e) =>
+      e.status === "done" ? { name: e.name, status: "done", result: e.result ?? null } : { name: e.name, status: ex.phase === "finished" ? "uncertain" : "begun" },
+    );
+  }
+  if (ex.effects_omitted > 0) out.effects_omitted = ex.effects_omitted;
   return out;
 }
 
@@ -260,5 +308,8 @@ export function queuedExecution(cellId: number, kind: "script" | "cmd", queuedSe
     unknown: null,
     resolved_by: null,
     finished_seq: null,
+    approval: null,
+    effects: [],
+    effects_omitted: 0,
   };
 }

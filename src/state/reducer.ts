@@ -6,7 +6,8 @@
  * no model and touches no file. `Reducer` keeps its own working copy and mutates only that; every
  * State it hands out is a fresh object that later events never change.
  */
-import { applyAccepted } from "./admission.js";
+import { applyAccepted } from "./apply.js";
+import { type EffectRecord, foldBegun, foldEnded, withCellEffect } from "./effects.js";
 import { dropHistory, ENDED_HISTORY_KEEP } from "./history.js";
 import { setCell, setExecution } from "./live-index.js";
 import type { LogEvent } from "./events.js";
@@ -17,7 +18,8 @@ import { initialState } from "./schema.js";
 
 type Mutable<T> = { -readonly [K in keyof T]: T[K] };
 
-interface SessionWork extends Mutable<Omit<SessionProjection, "cells" | "executions" | "observations" | "consumed" | "turns" | "timers" | "controls" | "validators_run" | "pending" | "delivered" | "refused_posts">> {
+interface SessionWork extends Mutable<Omit<SessionProjection, "cells" | "executions" | "observations" | "consumed" | "turns" | "timers" | "controls" | "validators_run" | "pending" | "delivered" | "refused_posts" | "effects">> {
+  effects: Map<string, EffectRecord>;
   refused_posts: SessionProjection["refused_posts"][number][];
   cells: Map<number, Cell>;
   executions: Map<number, ExecutionRecord>;
@@ -130,6 +132,8 @@ export class Reducer {
     const s = this.sessions.get(e.session);
     if (s === undefined) throw new LogCorrupt(`event ${e.identity} (seq ${e.seq}) names unknown session ${e.session}`);
     s.last_seq = e.seq;
+    // A fork being copied counts what was copied (the copier resumes after it on a redelivery).
+    if (s.forming !== null && e.kind !== "owner_claimed" && e.kind !== "fork_completed") s.forming += 1;
 
     switch (e.kind) {
       case "inbox_received": {
@@ -271,6 +275,17 @@ export class Reducer {
         s.timers.set(t.timer_id, { ...t, fired: true });
         return;
       }
+      case "effect_begun": {
+        const b = e.body;
+        foldBegun(s.effects, b, e.seq, e.at);
+        touchCellEffect(s, b.cell_id, { name: b.name, status: s.effects.get(b.name)!.ended === null ? "begun" : "done", ...doneResult(s.effects.get(b.name)!) });
+        return;
+      }
+      case "effect_ended": {
+        const b = e.body;
+        for (const cell of foldEnded(s.effects, b, e.seq, e.at)) touchCellEffect(s, cell, { name: b.name, status: "done", result: b.result });
+        return;
+      }
       case "control_handled": {
         const b = e.body;
         s.controls.set(b.note_id, { note_id: b.note_id, role: b.role, outcome: b.outcome, detail: b.detail });
@@ -289,6 +304,7 @@ export class Reducer {
       case "run_ended": {
         s.terminal = { result: e.body.result, reason: e.body.reason, at: e.at };
         s.blocked = null;
+        s.paused = null;
         // The run decides nothing more: keep only the most recent history (history.ts).
         dropHistory(s, ENDED_HISTORY_KEEP);
         return;
@@ -296,6 +312,35 @@ export class Reducer {
       case "run_blocked": {
         turnOf(s, e.body.turn, e);
         s.blocked = { cause: e.body.cause, reason: e.body.reason, at: e.at, turn: e.body.turn };
+        return;
+      }
+      case "run_paused": {
+        s.paused = { reason: e.body.reason, at: e.at, now: e.body.now, request: e.body.request };
+        return;
+      }
+      case "run_unpaused": {
+        s.paused = null;
+        return;
+      }
+      case "run_cancel_requested": {
+        s.cancel_requested ??= { reason: e.body.reason, at: e.at, request: e.body.request };
+        return;
+      }
+      case "approval_requested": {
+        const ex = executionOf(s, e.body.cell_id, e);
+        if (ex.phase !== "queued") throw new LogCorrupt(`approval asked for cell ${ex.cell_id}, whose execution is ${ex.phase} (seq ${e.seq})`);
+        setExecution(s.executions, ex.cell_id, { ...ex, approval: { state: "waiting", rule: e.body.rule, requested_at: e.at, decided_at: null, reason: null } });
+        return;
+      }
+      case "approval_decided": {
+        const ex = executionOf(s, e.body.cell_id, e);
+        if (ex.approval === null || ex.approval.state !== "waiting") throw new LogCorrupt(`approval of cell ${ex.cell_id} decided, but it was not waiting for one (seq ${e.seq})`);
+        setExecution(s.executions, ex.cell_id, { ...ex, approval: { ...ex.approval, state: e.body.decision, decided_at: e.at, reason: e.body.reason === "" ? null : e.body.reason } });
+        return;
+      }
+      case "fork_completed": {
+        s.forming = null;
+        s.idle_streak = 0;
         return;
       }
       case "post_refused": {
@@ -326,6 +371,9 @@ function newSession(id: string, at: string, body: LogEvent<"session_created">["b
     validators: body.validators,
     budgets: body.budgets,
     ...(body.cell_network !== undefined ? { cell_network: body.cell_network } : {}),
+    ...(body.approval !== undefined && body.approval.length > 0 ? { approval: body.approval } : {}),
+    ...(body.fork !== undefined ? { fork_of: body.fork } : {}),
+    forming: body.fork !== undefined ? 0 : null,
     created_at: at,
     state: initialState(id, body.goal),
     cells: new Map(),
@@ -343,10 +391,27 @@ function newSession(id: string, at: string, body: LogEvent<"session_created">["b
     idle_streak: 0,
     idle_total: 0,
     terminal: null,
+    paused: null,
+    cancel_requested: null,
     blocked: null,
     refused_posts: [],
+    effect_seed: body.effect_seed ?? null,
+    effects: new Map(),
     last_seq: seq,
   };
+}
+
+/** A done record's result, as a cell's listing carries it. */
+function doneResult(r: EffectRecord): { result?: unknown } {
+  return r.ended === null ? {} : { result: r.ended.result };
+}
+
+/** Lists `effect` under cell `cellId`'s execution (when the projection still holds it) and refreshes its view. */
+function touchCellEffect(s: SessionWork, cellId: number, effect: Parameters<typeof withCellEffect>[1]): void {
+  const ex = s.executions.get(cellId);
+  if (ex === undefined) return; // left history (history.ts): the ledger keeps the truth
+  setExecution(s.executions, cellId, withCellEffect(ex, effect));
+  refreshView(s, cellId);
 }
 
 function withRuntime(state: State, patch: Partial<State["runtime"]>): State {

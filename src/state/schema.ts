@@ -26,6 +26,10 @@ export type NoteRole = z.infer<typeof NoteRole>;
 export const ConclusionResult = z.enum(["success", "failure"]);
 export type ConclusionResult = z.infer<typeof ConclusionResult>;
 
+/** How a run ended: the model's conclusion (success, failure), or an operator's cancel. */
+export const RunResult = z.enum(["success", "failure", "cancelled"]);
+export type RunResult = z.infer<typeof RunResult>;
+
 export const NoteCell = z.strictObject({
   ...cellBase,
   kind: z.literal("note"),
@@ -64,6 +68,17 @@ export function isExecutable(cell: Cell): cell is ExecutableCell {
   return cell.kind === "script" || cell.kind === "cmd";
 }
 
+/**
+ * Any plain JSON value (null, boolean, finite number, string, array, plain object), nested at most
+ * MAX_JSON_DEPTH levels. Checked by `isJsonValue` rather than a recursive zod union: the union tried
+ * each alternative at every node and copied every object, which made it most of the cost of
+ * validating an event on write (about 1.6 µs of 2.2 per small observation event). The value is kept as
+ * given, own `__proto__` keys included, exactly as the fold and the structure decode keep it.
+ */
+export const JsonValue: z.ZodType<unknown> = z.custom<unknown>((v) => isJsonValue(v), {
+  message: `must be plain JSON (null, a boolean, a finite number, a string, an array or a plain object), nested at most ${MAX_JSON_DEPTH} levels`,
+});
+
 /** Phases of an executable cell version (ARCHITECTURE.md section 6). */
 export const ExecutionPhase = z.enum(["queued", "started", "finished"]);
 export type ExecutionPhase = z.infer<typeof ExecutionPhase>;
@@ -78,8 +93,27 @@ export const UnknownExecution = z.strictObject({
   reason: z.string().min(1),
   worker_stopped: z.boolean(),
   evidence_refs: z.array(z.string()),
+  /**
+   * Effects the cell began (`cairn effect begin`) and never ended: the only ones to reconcile with
+   * the outside system. Present when the cell began any effect.
+   */
+  uncertain_effects: z.array(z.string()).optional(),
+  /** Effects the cell began or ended that the ledger holds as done: nothing to reconcile there. */
+  done_effects: z.array(z.string()).optional(),
 });
 export type UnknownExecution = z.infer<typeof UnknownExecution>;
+
+/**
+ * An effect a cell began or ended (`cairn effect`): `begun` while the cell runs, `uncertain` once it
+ * finished without ending it (it may have happened: check outside before doing it again), `done`
+ * with the recorded result.
+ */
+export const CellEffectView = z.strictObject({
+  name: z.string(),
+  status: z.enum(["begun", "uncertain", "done"]),
+  result: JsonValue.optional(),
+});
+export type CellEffectView = z.infer<typeof CellEffectView>;
 
 /** What the model sees of one execution, under `runtime.cells["<id>"]`. */
 export const RuntimeCell = z.strictObject({
@@ -93,6 +127,10 @@ export const RuntimeCell = z.strictObject({
   unknown: UnknownExecution.optional(),
   /** For an UnknownExecution: the id of the resolution note that resolved it. */
   resolved_by: CellId.optional(),
+  /** The effects this cell began or ended, as the ledger holds them now. */
+  effects: z.array(CellEffectView).optional(),
+  /** How many more effects it touched than are listed. */
+  effects_omitted: z.number().int().positive().optional(),
 });
 export type RuntimeCell = z.infer<typeof RuntimeCell>;
 
@@ -103,16 +141,6 @@ export type ObservationSource = z.infer<typeof ObservationSource>;
 /** Id prefixes only the harness may use; an outside sender cannot forge them. */
 export const RESERVED_OBSERVATION_PREFIXES = ["execution:", "timer:", "control:", "idle:"] as const;
 
-/**
- * Any plain JSON value (null, boolean, finite number, string, array, plain object), nested at most
- * MAX_JSON_DEPTH levels. Checked by `isJsonValue` rather than a recursive zod union: the union tried
- * each alternative at every node and copied every object, which made it most of the cost of
- * validating an event on write (about 1.6 µs of 2.2 per small observation event). The value is kept as
- * given, own `__proto__` keys included, exactly as the fold and the structure decode keep it.
- */
-export const JsonValue: z.ZodType<unknown> = z.custom<unknown>((v) => isJsonValue(v), {
-  message: `must be plain JSON (null, a boolean, a finite number, a string, an array or a plain object), nested at most ${MAX_JSON_DEPTH} levels`,
-});
 
 export const Observation = z.strictObject({
   id: z.string().min(1).max(200),

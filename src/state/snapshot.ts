@@ -15,10 +15,11 @@
  * Pure: no I/O, no clock.
  */
 import { z } from "zod";
-import { Budgets } from "./events.js";
+import { ApprovalRules } from "./approval.js";
+import { Budgets, ForkOrigin } from "./events.js";
 import type { Projection, SessionProjection } from "./projection.js";
 import { Reducer } from "./reducer.js";
-import { Cell, CellId, ExecutionPhase, ExecutionResult, JsonValue, Observation, State, UnknownExecution } from "./schema.js";
+import { Cell, CellId, ExecutionPhase, ExecutionResult, JsonValue, Observation, RunResult, State, UnknownExecution } from "./schema.js";
 
 /** The snapshot format version this code writes and reads. */
 export const SNAPSHOT_VERSION = 1;
@@ -55,6 +56,20 @@ const Execution = z.strictObject({
   unknown: UnknownExecution.nullable(),
   resolved_by: CellId.nullable(),
   finished_seq: Seq.nullable(),
+  // Optional: snapshots written before approval gates lack it (restored as null).
+  approval: z
+    .strictObject({ state: z.enum(["waiting", "approved", "denied"]), rule: z.string(), requested_at: z.string(), decided_at: z.string().nullable(), reason: z.string().nullable() })
+    .nullable()
+    .optional(),
+  // Optional: snapshots written before the effect ledger lack them (restored as none).
+  effects: z.array(z.strictObject({ name: z.string(), status: z.enum(["begun", "done"]), result: JsonValue.optional() })).optional(),
+  effects_omitted: z.number().int().nonnegative().optional(),
+});
+
+const EffectEntry = z.strictObject({
+  name: z.string(),
+  attempts: z.array(z.strictObject({ attempt: z.number().int().positive(), cell_id: CellId, seq: Seq, at: z.string() })),
+  ended: z.strictObject({ cell_id: CellId, seq: Seq, at: z.string(), result: JsonValue }).nullable(),
 });
 
 const Turn = z.strictObject({
@@ -93,6 +108,10 @@ const Session = z.strictObject({
   validators: z.array(z.array(z.string()).min(1)),
   budgets: Budgets,
   cell_network: z.literal("host").optional(),
+  approval: ApprovalRules.optional(),
+  fork_of: ForkOrigin.optional(),
+  // These three are optional: snapshots written before pause, cancel and fork lack them (restored as null).
+  forming: z.number().int().nonnegative().nullable().optional(),
   created_at: z.string(),
   state: State,
   cells: entries(CellId, Cell),
@@ -109,9 +128,14 @@ const Session = z.strictObject({
   validators_run: entries(CellId, z.array(ValidatorRun)),
   idle_streak: z.number().int().nonnegative(),
   idle_total: z.number().int().nonnegative(),
-  terminal: z.strictObject({ result: z.enum(["success", "failure"]), reason: z.string(), at: z.string() }).nullable(),
+  terminal: z.strictObject({ result: RunResult, reason: z.string(), at: z.string() }).nullable(),
+  paused: z.strictObject({ reason: z.string(), at: z.string(), now: z.boolean(), request: z.string() }).nullable().optional(),
+  cancel_requested: z.strictObject({ reason: z.string(), at: z.string(), request: z.string() }).nullable().optional(),
   blocked: z.strictObject({ cause: z.enum(["auth", "config", "retry_budget"]), reason: z.string(), at: z.string(), turn: z.string() }).nullable(),
   refused_posts: z.array(z.strictObject({ id: z.string(), kind: z.string(), code: z.string(), reason: z.string(), at: z.string() })),
+  // Optional: snapshots written before the effect ledger lack them (restored as an empty ledger).
+  effect_seed: z.string().nullable().optional(),
+  effects: entries(z.string(), EffectEntry).optional(),
   last_seq: Seq,
 });
 
@@ -142,6 +166,9 @@ export function encodeSnapshot(projection: Projection): string {
       validators: s.validators,
       budgets: s.budgets,
       cell_network: s.cell_network,
+      approval: s.approval,
+      fork_of: s.fork_of,
+      forming: s.forming,
       created_at: s.created_at,
       state: s.state,
       cells: [...s.cells],
@@ -159,8 +186,12 @@ export function encodeSnapshot(projection: Projection): string {
       idle_streak: s.idle_streak,
       idle_total: s.idle_total,
       terminal: s.terminal,
+      paused: s.paused,
+      cancel_requested: s.cancel_requested,
       blocked: s.blocked,
       refused_posts: s.refused_posts,
+      effect_seed: s.effect_seed,
+      effects: [...s.effects],
       last_seq: s.last_seq,
     };
   });
@@ -193,6 +224,8 @@ function structureProblem(parsed: unknown): string | null {
       if (!Array.isArray(v) || !v.every((e) => Array.isArray(e) && e.length === 2)) return `sessions.${i}.${f}: not an array of [key, value] entries`;
     }
     for (const f of SESSION_ARRAY_FIELDS) if (!Array.isArray(s[f])) return `sessions.${i}.${f}: not an array`;
+    const effects = s["effects"];
+    if (effects !== undefined && (!Array.isArray(effects) || !effects.every((e) => Array.isArray(e) && e.length === 2))) return `sessions.${i}.effects: not an array of [key, value] entries`;
   }
   return null;
 }
@@ -220,10 +253,17 @@ export function restoreSnapshot(text: string, expectedHead: number, options: { v
   const sessions = new Map<string, SessionProjection>();
   for (const s of parsed.sessions) {
     if (sessions.has(s.id)) throw new SnapshotInvalid(`the snapshot at seq ${expectedHead} holds session ${s.id} twice`);
+    // A snapshot from before pause, cancel, fork and approval gates: those fields are null.
+    for (const [, ex] of s.executions) if (ex.approval === undefined) (ex as { approval: unknown }).approval = null;
     sessions.set(s.id, {
       ...s,
+      forming: s.forming ?? null,
+      paused: s.paused ?? null,
+      cancel_requested: s.cancel_requested ?? null,
       cells: new Map(s.cells),
-      executions: new Map(s.executions),
+      executions: new Map(s.executions.map(([id, ex]) => [id, ex.effects === undefined ? { ...ex, effects: [], effects_omitted: 0 } : ex])),
+      effect_seed: s.effect_seed ?? null,
+      effects: new Map(s.effects ?? []),
       observations: new Map(s.observations),
       consumed: new Set(s.consumed),
       turns: new Map(s.turns),

@@ -13,6 +13,7 @@
 import type { LogEvent } from "../state/events.js";
 import { TimelineBuilder, type CellView, type RoundView } from "./timeline.js";
 import { visibleDeep, visibleOutputLine } from "./visible.js";
+import { describeRule } from "../state/approval.js";
 
 export interface LogTextOptions {
   readonly color: boolean;
@@ -45,12 +46,17 @@ export function concernsCell(e: LogEvent, cell: number): boolean {
     case "patch_accepted":
       return e.body.new_cell_ids.includes(cell) || e.body.removed_ids.includes(cell);
     case "timer_registered":
+    case "effect_begun":
+    case "effect_ended":
       return e.body.cell_id === cell;
     case "control_handled":
     case "validator_result":
       return e.body.note_id === cell;
     case "inbox_received":
       return e.body.observation.id === `execution:${cell}`;
+    case "approval_requested":
+    case "approval_decided":
+      return e.body.cell_id === cell;
     default:
       return false;
   }
@@ -147,8 +153,25 @@ export class LogText {
     switch (e.kind) {
       case "session_created":
         return [
-          this.line(s, e.at, "run", `${this.paint("bold", s)} started ${e.at}: "${e.body.goal}" in ${e.body.cwd}${e.body.validators.length ? `; validators: ${e.body.validators.map((v) => v.join(" ")).join(", ")}` : ""}${e.body.cell_network === "host" ? "; cells on the host's network" : ""}`),
+          this.line(
+            s,
+            e.at,
+            "run",
+            `${this.paint("bold", s)} started ${e.at}: "${e.body.goal}" in ${e.body.cwd}${e.body.validators.length ? `; validators: ${e.body.validators.map((v) => v.join(" ")).join(", ")}` : ""}${e.body.cell_network === "host" ? "; cells on the host's network" : ""}${e.body.approval?.length ? `; approval required for ${e.body.approval.map(describeRule).join(", ")}` : ""}${e.body.fork ? `; a fork of run ${e.body.fork.session} after round ${e.body.fork.round}` : ""}`,
+          ),
         ];
+      case "run_paused":
+        return [L("pause", `paused by an operator${e.body.now ? ", the running cell stopped" : ", the running cell finishes"}${e.body.reason ? `: ${e.body.reason}` : ""} (request ${e.body.request})`, "yellow")];
+      case "run_unpaused":
+        return [L("unpause", `unpaused by an operator${e.body.reason ? `: ${e.body.reason}` : ""} (request ${e.body.request})`, "cyan")];
+      case "run_cancel_requested":
+        return [L("cancel", `cancelled by an operator${e.body.reason ? `: ${e.body.reason}` : ""} (request ${e.body.request})`, "magenta")];
+      case "approval_requested":
+        return [L(`cell ${e.body.cell_id}`, `waits for approval (rule ${e.body.rule}): cairn approve / cairn deny --cell ${e.body.cell_id}`, "yellow")];
+      case "approval_decided":
+        return [L(`cell ${e.body.cell_id}`, `${e.body.decision} by a person${e.body.reason ? `: ${e.body.reason}` : ""}`, e.body.decision === "approved" ? "green" : "red")];
+      case "fork_completed":
+        return [L("fork", `ready: ${e.body.copied} event(s) copied from its origin`, "cyan")];
       case "owner_claimed":
         return [L("owner", `epoch ${e.body.epoch} on ${e.body.host} (pid ${e.body.pid}) since ${e.at}`, "cyan")];
       case "turn_prepared":
@@ -193,6 +216,11 @@ export class LogText {
         const subject = `cell ${b.cell_id}`;
         if (b.result === "UnknownExecution") {
           lines.push(L(subject, `UnknownExecution: ${b.unknown?.reason ?? b.detail ?? "outcome unknown"} (worker stopped: ${b.unknown?.worker_stopped ? "yes" : "not confirmed"}); never re-run`, "yellow"));
+          const u = b.unknown;
+          if (u?.uncertain_effects !== undefined) {
+            const done = u.done_effects?.length ? `; done: ${u.done_effects.join(", ")}` : "";
+            lines.push(this.line(s, null, "", this.paint("yellow", u.uncertain_effects.length ? `effects begun and never ended (reconcile these): ${u.uncertain_effects.join(", ")}${done}` : `no effect left uncertain${done}`)));
+          }
         } else {
           const exit = b.exit_code !== null ? `exit ${b.exit_code}` : b.signal !== null ? `signal ${b.signal}` : "no exit code";
           const tone: Tone = b.result === "success" ? "green" : b.result === "error" ? "red" : "magenta";
@@ -205,6 +233,10 @@ export class LogText {
         return [L("timer", `${e.body.timer_id} registered${e.body.cell_id !== null ? ` by cell ${e.body.cell_id}` : ""}, due ${e.body.due_at}${e.body.note ? `: ${e.body.note}` : ""}`)];
       case "timer_fired":
         return [L("timer", `${e.body.timer_id} fired (due ${e.body.due_at}, ${duration(e.body.late_ms)} late)`)];
+      case "effect_begun":
+        return [L(`cell ${e.body.cell_id}`, `effect ${e.body.name} begun${e.body.attempt > 1 ? ` (attempt ${e.body.attempt}: retried after it was found not done)` : ""}`, "cyan")];
+      case "effect_ended":
+        return [L(`cell ${e.body.cell_id}`, `effect ${e.body.name} done: ${JSON.stringify(e.body.result).slice(0, 200)}`, "cyan")];
       case "inbox_received": {
         const o = e.body.observation;
         if (o.source !== "external") return [];
@@ -218,7 +250,7 @@ export class LogText {
       case "validator_result":
         return [L("validate", `${e.body.argv.join(" ")}: ${e.body.passed ? "passed" : `failed (exit ${e.body.exit_code})`}`, e.body.passed ? "green" : "red")];
       case "run_ended":
-        return [L("end", `run ${s} ${e.body.result}: ${e.body.reason}`, e.body.result === "success" ? "green" : "red")];
+        return [L("end", `run ${s} ${e.body.result}: ${e.body.reason}`, e.body.result === "success" ? "green" : e.body.result === "cancelled" ? "magenta" : "red")];
       default:
         return [];
     }

@@ -7,6 +7,7 @@
  * an `apply` changed (`takeChanges`), so the page streams only what moved. Output is kept per cell
  * (at most what the harness recorded: 1 MiB per execution by default) and served on request.
  */
+import { MAX_CELL_EFFECTS } from "../state/effects.js";
 import type { LogEvent } from "../state/events.js";
 import type { Cell } from "../state/schema.js";
 
@@ -57,6 +58,10 @@ export interface CellView {
   unknown: { reason: string; worker_stopped: boolean } | null;
   /** The resolution note that resolved an UnknownExecution, and when. */
   resolved_by: { note_id: number; at: string } | null;
+  /** Its approval gate: waiting for a person, or how they decided (null: no rule asked for one). */
+  approval: { state: "waiting" | "approved" | "denied"; rule: string; requested_at: string; decided_at: string | null; reason: string | null } | null;
+  /** Effects it began or ended (`cairn effect`; the first MAX_CELL_EFFECTS): begun while it runs, uncertain once it finished without ending one, done. */
+  effects: { name: string; status: "begun" | "uncertain" | "done"; result?: unknown }[];
 }
 
 /** A change of owner for a session: a new epoch's first commit. */
@@ -67,9 +72,9 @@ export interface OwnerView {
   readonly at: string;
 }
 
-/** Something that happened at one instant: a timer, a post from outside, a control note, the end. */
+/** Something that happened at one instant: a timer, a post from outside, a control note, an operator's request, the end. */
 export interface MarkView {
-  readonly kind: "timer_registered" | "timer_fired" | "post" | "control" | "validator" | "end";
+  readonly kind: "timer_registered" | "timer_fired" | "post" | "control" | "validator" | "pause" | "unpause" | "cancel" | "approval" | "fork" | "end";
   readonly at: string;
   readonly text: string;
   readonly outcome: "success" | "failure" | "info";
@@ -82,8 +87,14 @@ export interface SessionView {
   readonly created_at: string;
   /** The time of the last event of the session. */
   last_at: string;
-  status: "running" | "success" | "failure";
+  status: "running" | "paused" | "success" | "failure" | "cancelled";
   reason: string | null;
+  /** While paused: why and since when. */
+  paused: { reason: string; at: string; now: boolean } | null;
+  /** For a fork: the run and round it comes from. */
+  fork_of: { session: string; round: number } | null;
+  /** Cells waiting for a person's approval now. */
+  awaiting_approval: number[];
   rounds: RoundView[];
   cells: CellView[];
   owners: OwnerView[];
@@ -114,6 +125,8 @@ interface SessionWork {
   epoch: number | null;
   lastTurn: RoundView | null;
   patches: Map<number, unknown>;
+  /** Cells that began each effect name (their listing turns done when it ends). */
+  effectCells: Map<string, Set<number>>;
   dirtyHeader: boolean;
   dirtyRounds: Set<RoundView>;
   dirtyCells: Set<CellView>;
@@ -203,12 +216,17 @@ export class TimelineBuilder {
 
   private applyOne(e: LogEvent): void {
     if (e.kind === "session_created") {
-      const view: SessionView = { id: e.session, goal: e.body.goal, cwd: e.body.cwd, created_at: e.at, last_at: e.at, status: "running", reason: null, rounds: [], cells: [], owners: [], marks: [] };
+      const fork = e.body.fork;
+      const view: SessionView = {
+        id: e.session, goal: e.body.goal, cwd: e.body.cwd, created_at: e.at, last_at: e.at, status: "running", reason: null, paused: null,
+        fork_of: fork === undefined ? null : { session: fork.session, round: fork.round }, awaiting_approval: [], rounds: [], cells: [], owners: [], marks: [],
+      };
       this.sessions.set(e.session, {
-        view, rounds: new Map(), cells: new Map(), defs: new Map(), output: new Map(), attemptStart: new Map(), epoch: null, lastTurn: null, patches: new Map(),
+        view, rounds: new Map(), cells: new Map(), defs: new Map(), output: new Map(), attemptStart: new Map(), epoch: null, lastTurn: null, patches: new Map(), effectCells: new Map(),
         dirtyHeader: true, dirtyRounds: new Set(), dirtyCells: new Set(), newOwners: [], newMarks: [],
       });
       this.order.push(e.session);
+      if (fork !== undefined) this.mark(this.sessions.get(e.session)!, { kind: "fork", at: e.at, text: `forked from run ${fork.session} after round ${fork.round}`, outcome: "info" });
       return;
     }
     const s = this.sessions.get(e.session);
@@ -286,7 +304,7 @@ export class TimelineBuilder {
         const c: CellView = {
           id: e.body.cell_id, kind: e.body.kind, summary: def ? cellSummary(def) : "", round: s.lastTurn?.n ?? null, queued_at: e.at,
           started_at: null, finished_at: null, host: null, pid: null, epoch: null, sandbox: null, network: null, result: null, exit_code: null, signal: null, duration_ms: null,
-          output_bytes: 0, dropped_bytes: 0, detail: null, unknown: null, resolved_by: null,
+          output_bytes: 0, dropped_bytes: 0, detail: null, unknown: null, resolved_by: null, approval: null, effects: [],
         };
         s.cells.set(c.id, c);
         s.view.cells.push(c);
@@ -328,7 +346,77 @@ export class TimelineBuilder {
         c.dropped_bytes = b.dropped_bytes;
         c.detail = b.detail;
         c.unknown = b.unknown ? { reason: b.unknown.reason, worker_stopped: b.unknown.worker_stopped } : null;
+        s.view.awaiting_approval = s.view.awaiting_approval.filter((id) => id !== c.id);
+        for (const f of c.effects) if (f.status === "begun") f.status = "uncertain";
         touchCell(c);
+        return;
+      }
+      case "approval_requested": {
+        const c = s.cells.get(e.body.cell_id);
+        if (c !== undefined) {
+          c.approval = { state: "waiting", rule: e.body.rule, requested_at: e.at, decided_at: null, reason: null };
+          touchCell(c);
+        }
+        if (!s.view.awaiting_approval.includes(e.body.cell_id)) s.view.awaiting_approval.push(e.body.cell_id);
+        this.mark(s, { kind: "approval", at: e.at, text: `cell ${e.body.cell_id} waits for approval (rule ${e.body.rule})`, outcome: "info" });
+        return;
+      }
+      case "approval_decided": {
+        const c = s.cells.get(e.body.cell_id);
+        if (c !== undefined && c.approval !== null) {
+          c.approval = { ...c.approval, state: e.body.decision, decided_at: e.at, reason: e.body.reason === "" ? null : e.body.reason };
+          touchCell(c);
+        }
+        s.view.awaiting_approval = s.view.awaiting_approval.filter((id) => id !== e.body.cell_id);
+        const why = e.body.reason !== "" ? `: ${e.body.reason}` : "";
+        this.mark(s, { kind: "approval", at: e.at, text: `cell ${e.body.cell_id} ${e.body.decision}${why}`, outcome: e.body.decision === "approved" ? "success" : "failure" });
+        return;
+      }
+      case "run_paused":
+        s.view.status = "paused";
+        s.view.paused = { reason: e.body.reason, at: e.at, now: e.body.now };
+        this.mark(s, { kind: "pause", at: e.at, text: `paused by an operator${e.body.now ? " (the running cell stopped)" : ""}${e.body.reason !== "" ? `: ${e.body.reason}` : ""}`, outcome: "info" });
+        return;
+      case "run_unpaused":
+        if (s.view.status === "paused") s.view.status = "running";
+        s.view.paused = null;
+        this.mark(s, { kind: "unpause", at: e.at, text: `unpaused by an operator${e.body.reason !== "" ? `: ${e.body.reason}` : ""}`, outcome: "info" });
+        return;
+      case "run_cancel_requested":
+        this.mark(s, { kind: "cancel", at: e.at, text: `cancelled by an operator${e.body.reason !== "" ? `: ${e.body.reason}` : ""}`, outcome: "failure" });
+        return;
+      case "fork_completed":
+        this.mark(s, { kind: "fork", at: e.at, text: `fork ready (${e.body.copied} events copied from run ${s.view.fork_of?.session ?? "?"})`, outcome: "info" });
+        return;
+      case "effect_begun": {
+        const cells = s.effectCells.get(e.body.name) ?? new Set<number>();
+        cells.add(e.body.cell_id);
+        s.effectCells.set(e.body.name, cells);
+        const c = s.cells.get(e.body.cell_id);
+        if (c === undefined) return;
+        const status = c.finished_at === null ? "begun" : "uncertain";
+        const f = c.effects.find((x) => x.name === e.body.name);
+        if (f === undefined) {
+          if (c.effects.length < MAX_CELL_EFFECTS) c.effects.push({ name: e.body.name, status });
+        }
+        else if (f.status !== "done") f.status = status;
+        touchCell(c);
+        return;
+      }
+      case "effect_ended": {
+        for (const id of new Set([...(s.effectCells.get(e.body.name) ?? []), e.body.cell_id])) {
+          const c = s.cells.get(id);
+          if (c === undefined) continue;
+          const f = c.effects.find((x) => x.name === e.body.name);
+          if (f === undefined) {
+            if (c.effects.length < MAX_CELL_EFFECTS) c.effects.push({ name: e.body.name, status: "done", result: e.body.result });
+          }
+          else {
+            f.status = "done";
+            f.result = e.body.result;
+          }
+          touchCell(c);
+        }
         return;
       }
       case "timer_registered":
@@ -363,7 +451,9 @@ export class TimelineBuilder {
       case "run_ended":
         s.view.status = e.body.result;
         s.view.reason = e.body.reason;
-        this.mark(s, { kind: "end", at: e.at, text: `run ended: ${e.body.result} (${e.body.reason})`, outcome: e.body.result });
+        s.view.paused = null;
+        s.view.awaiting_approval = [];
+        this.mark(s, { kind: "end", at: e.at, text: `run ended: ${e.body.result} (${e.body.reason})`, outcome: e.body.result === "cancelled" ? "failure" : e.body.result });
         return;
       default:
         return;

@@ -106,7 +106,7 @@ describe("cairn: every bad input gets one sentence and the right exit code", () 
     { name: "missing --model", args: () => ["run", "goal", "--db", "x", "--data-dir", data()], code: 2, says: /--model is required/ },
     { name: "unreadable scripted file", args: () => ["run", "goal", "--db", "x", "--data-dir", data(), "--model", "scripted:/nonexistent/rounds.json"], code: 2, says: /cannot read the scripted model file \/nonexistent\/rounds.json/ },
     { name: "missing API key", args: () => ["run", "goal", "--db", "x", "--data-dir", data(), "--model", "anthropic/claude-sonnet-4-5"], env: { ANTHROPIC_API_KEY: "" }, code: 2, says: /ANTHROPIC_API_KEY/ },
-    { name: "unknown storage", args: () => ["status", "--db", "x", "--storage", "floppy"], code: 2, says: /--storage expects memory, sqlite or replicated/ },
+    { name: "unknown storage", args: () => ["status", "--db", "x", "--storage", "floppy"], code: 2, says: /--storage expects memory, sqlite, replicated or durable-streams/ },
     { name: "resume a database that does not exist", args: () => ["resume", "--db", "never-made", "--data-dir", data(), "--model", `scripted:${join(ROOT, "examples", "fix-calc.json")}`], code: 2, says: /database "never-made" does not exist/ },
     { name: "resume with a goal", args: () => ["resume", "new goal", "--db", "x", "--model", "scripted:x.json"], code: 2, says: /takes no goal/ },
     { name: "status of a database that does not exist", args: () => ["status", "--db", "never-made", "--data-dir", data()], code: 2, says: /does not exist/ },

@@ -13,6 +13,7 @@ import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import { tempDir } from "../replicated/helpers.js";
 import { until } from "../support/wait.js";
 import { addCell, rev } from "../hostile/support.js";
+import { main } from "../../src/cli/main.js";
 import { cairnIn } from "./support.js";
 
 /** A model that waits for `release()` before concluding: the run stays open (and drains its mailbox) meanwhile. */
@@ -74,7 +75,14 @@ describe("cairn post --wait", { timeout: 240_000 }, () => {
     const dataDir = join(t.dir, "data2");
     const sub = await cairnIn(["submit", "a later run", "--db", "pw2", "--data-dir", dataDir, "--session", "job"]);
     assert.equal(sub.code, 0, sub.stderr + sub.stdout);
-    const waiting = cairnIn(["post", "--db", "pw2", "--data-dir", dataDir, "--session", "job", "--kind", "ci", "--id", "early", "--payload", "{}", "--wait"]);
+    // The owner opens only once the post is durable and has said so: the run has not started yet.
+    let stdout = "";
+    let stderr = "";
+    let said: () => void = () => undefined;
+    const posted = new Promise<void>((resolve) => (said = resolve));
+    const args = ["post", "--db", "pw2", "--data-dir", dataDir, "--session", "job", "--kind", "ci", "--id", "early", "--payload", "{}", "--wait"];
+    const waiting = main(args, { out: (l) => ((stdout += `${l}\n`), said()), err: (l) => ((stderr += `${l}\n`), said()), env: process.env, isTTY: false }).then((code) => ({ code, stdout, stderr }));
+    await posted;
     const storage = createSqliteStorage({ dataDir, fencePollMs: 100 });
     const model = heldModel();
     const h = await Harness.open({ storage, name: "pw2", model, workDir: join(t.dir, "work2"), submitCwd: t.dir });

@@ -5,10 +5,12 @@
  */
 import { spawn } from "node:child_process";
 import { join } from "node:path";
+import { pathToFileURL } from "node:url";
 import { main } from "../../src/cli/main.js";
 
 export const ROOT = process.cwd();
 export const ENTRY = join(ROOT, "src", "cli", "entry.ts");
+const TSX = pathToFileURL(join(ROOT, "node_modules", "tsx", "dist", "loader.mjs")).href;
 
 export interface CliResult {
   code: number | null;
@@ -20,7 +22,8 @@ export interface CliResult {
 /** Runs `cairn ARGS` to completion (bounded by `timeoutMs`, then SIGKILL). */
 export function cairn(args: string[], opts: { env?: NodeJS.ProcessEnv; cwd?: string; timeoutMs?: number } = {}): Promise<CliResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ["--import", "tsx", ENTRY, ...args], {
+    // tsx by path: `--import tsx` resolves from the child's cwd, which may be outside the repository.
+    const child = spawn(process.execPath, ["--import", TSX, ENTRY, ...args], {
       cwd: opts.cwd ?? ROOT,
       env: { ...process.env, ...opts.env },
       stdio: ["ignore", "pipe", "pipe"],

@@ -5,7 +5,8 @@
  *
  * - the worker runs as uid 10001, never root; /app is not writable; its data, work and home
  *   directories are its own;
- * - on a read-only root file system with volumes where deploy/kubernetes puts them, `cairn serve`
+ * - on a read-only root file system with volumes where deploy/kubernetes puts them and the settings
+ *   the cell sandbox needs, `cairn serve`
  *   listening on 0.0.0.0 starts, prints a generated token once, answers its container address as Host,
  *   and refuses /metrics without the token;
  * - bubblewrap runs a cell-like sandbox (user, PID, network namespaces, a fresh /proc) as uid 10001
@@ -98,7 +99,7 @@ describe("the images of deploy/", { skip: problem ?? false }, () => {
     const rounds = join(work, "rounds.json");
     writeFileSync(rounds, JSON.stringify({ rounds: [] }));
     chmodSync(rounds, 0o644);
-    const id = docker("run", "-d", ...HARDENED, ...VOLUMES, "-v", `${rounds}:/etc/cairn/rounds.json:ro`, images.worker, "serve", "--db", "image-test", "--create", "--model", "scripted:/etc/cairn/rounds.json", "--listen", "0.0.0.0:9464");
+    const id = docker("run", "-d", ...HARDENED, ...SANDBOX, ...VOLUMES, "-v", `${rounds}:/etc/cairn/rounds.json:ro`, images.worker, "serve", "--db", "image-test", "--create", "--model", "scripted:/etc/cairn/rounds.json", "--listen", "0.0.0.0:9464");
     containers.push(id);
     const printed = await until("serve to listen", () => {
       const l = logs(id);

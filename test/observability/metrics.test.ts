@@ -73,6 +73,10 @@ const cases: Case[] = [
   { method: "setRunsActive", call: (m) => m.setRunsActive(2), series: "cairn_runs_active", expected: 2 },
   { method: "setRunsBlocked", call: (m) => m.setRunsBlocked(1), series: "cairn_runs_blocked", expected: 1 },
   { method: "runBlocked", call: (m) => m.runBlocked("auth"), series: "cairn_run_blocks_total", labels: { cause: "auth" }, expected: 1 },
+  { method: "setRunsPaused", call: (m) => m.setRunsPaused(2), series: "cairn_runs_paused", expected: 2 },
+  { method: "setApprovalsWaiting (count)", call: (m) => m.setApprovalsWaiting(3, 90), series: "cairn_approvals_waiting", expected: 3 },
+  { method: "setApprovalsWaiting (oldest)", call: (m) => m.setApprovalsWaiting(3, 90), series: "cairn_approval_oldest_wait_seconds", expected: 90 },
+  { method: "operatorRequest", call: (m) => m.operatorRequest("deny"), series: "cairn_operator_requests_total", labels: { action: "deny" }, expected: 1 },
   { method: "lastProgress", call: (m) => m.lastProgress(1_700_000_000), series: "cairn_last_progress_timestamp_seconds", expected: 1_700_000_000 },
 ];
 
@@ -137,7 +141,7 @@ test("labels are bounded: no metric has a session, cell or id label, and rejecti
   m.commit("memory", "ok", 0.001, 1);
   m.executionFinished("cmd", "success", 1);
   m.patchRejected("anything-unexpected");
-  const allowed = new Set(["adapter", "outcome", "kind", "result", "code", "direction", "version", "node", "le"]);
+  const allowed = new Set(["adapter", "outcome", "kind", "result", "code", "direction", "action", "version", "node", "le"]);
   const samples = await scrape(m);
   for (const s of samples.filter((x) => x.name.startsWith("cairn_"))) {
     for (const label of Object.keys(s.labels)) assert.ok(allowed.has(label), `${s.name} has unbounded label ${label}`);

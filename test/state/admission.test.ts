@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import type { Admission, AdmissionContext, RejectionCode } from "../../src/state/admission.js";
-import { admit, applyAccepted } from "../../src/state/admission.js";
+import { admit } from "../../src/state/admission.js";
+import { applyAccepted } from "../../src/state/apply.js";
 import type { Cell } from "../../src/state/schema.js";
 import { State } from "../../src/state/schema.js";
 import { cmd, deepFreeze, execution, makeCtx, note, observation, rev, script, scriptCell } from "./helpers.js";

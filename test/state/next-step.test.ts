@@ -11,7 +11,8 @@ import { test } from "node:test";
 import fc from "fast-check";
 import { observationId, turnId } from "../../src/state/events.js";
 import type { NextStep, StepLimits } from "../../src/state/next-step.js";
-import { nextAttempt, nextStep, successBlockers } from "../../src/state/next-step.js";
+import { interrupts, nextAttempt, nextStep, successBlockers } from "../../src/state/next-step.js";
+import type { ApprovalRule } from "../../src/state/approval.js";
 import type { ExecutionRecord, SessionProjection, TimerRecord, TurnRecord } from "../../src/state/projection.js";
 import { isUnresolvedUnknown } from "../../src/state/projection.js";
 import type { Cell } from "../../src/state/schema.js";
@@ -31,6 +32,10 @@ type ExecSpec = {
   /** For a finished error or UnknownExecution: its observation was consumed by an accepted patch. */
   seen: boolean;
   resolved: boolean;
+  /** Its approval gate: none asked, waiting, approved, or denied (a denied cell is finished, cancelled). */
+  approval: "none" | "waiting" | "approved" | "denied";
+  /** Its argv's first word (approval rules match on it). */
+  word: "git" | "rm" | "ls";
 };
 type NoteSpec = { role: "none" | "cancel" | "resolution" | "conclusion"; handled: boolean; result: "success" | "failure" };
 type Spec = {
@@ -48,6 +53,13 @@ type Spec = {
   elapsedS: number;
   busy: boolean;
   deliverPerRound: number;
+  /** An operator's requests: paused (and whether with --now), cancelled; a fork still being copied. */
+  paused: "no" | "yes" | "now";
+  cancel: boolean;
+  forming: boolean;
+  /** The run's approval rules and the worker's. */
+  runRules: ApprovalRule[];
+  workerRules: ApprovalRule[];
 };
 
 const execArb: fc.Arbitrary<ExecSpec> = fc.record({
@@ -56,7 +68,15 @@ const execArb: fc.Arbitrary<ExecSpec> = fc.record({
   result: fc.constantFrom("success" as const, "error" as const, "cancelled" as const, "UnknownExecution" as const),
   seen: fc.boolean(),
   resolved: fc.boolean(),
+  approval: fc.constantFrom("none" as const, "none" as const, "waiting" as const, "approved" as const, "denied" as const),
+  word: fc.constantFrom("git" as const, "rm" as const, "ls" as const),
 });
+const ruleArb: fc.Arbitrary<ApprovalRule> = fc.oneof(
+  fc.constant<ApprovalRule>({ kind: "all" }),
+  fc.constant<ApprovalRule>({ kind: "script" }),
+  fc.constantFrom("git", "rm").map((w): ApprovalRule => ({ kind: "argv", prefix: [w] })),
+  fc.constantFrom("rm *", "git push*", "*x*").map((p): ApprovalRule => ({ kind: "glob", pattern: p })),
+);
 const noteArb: fc.Arbitrary<NoteSpec> = fc.record({
   role: fc.constantFrom("none" as const, "none" as const, "cancel" as const, "resolution" as const, "conclusion" as const),
   handled: fc.boolean(),
@@ -75,6 +95,11 @@ const specArb: fc.Arbitrary<Spec> = fc.record({
   elapsedS: fc.nat(5000),
   busy: fc.boolean(),
   deliverPerRound: fc.integer({ min: 1, max: 4 }),
+  paused: fc.constantFrom("no" as const, "no" as const, "no" as const, "yes" as const, "now" as const),
+  cancel: fc.nat(5).map((x) => x === 0),
+  forming: fc.nat(8).map((x) => x === 0),
+  runRules: fc.array(ruleArb, { maxLength: 2 }),
+  workerRules: fc.array(ruleArb, { maxLength: 1 }),
 });
 
 /** The projection a spec describes (only the fields the scheduling rules read are meaningful). */
@@ -88,11 +113,16 @@ function projectionOf(spec: Spec): { s: SessionProjection; now: number } {
     const id = i + 1;
     if (c.t === "exec") {
       const e = c.e;
-      cells.set(id, e.kind === "cmd" ? { id, previous_id: null, kind: "cmd", argv: ["true"] } : { id, previous_id: null, kind: "script", source: "print(1)" });
-      const rec = execution(id, e.phase, e.phase === "finished" ? e.result : null, { kind: e.kind, queued_seq: 10 + spec.seqShuffle[i]! * 8 + i });
-      const resolved = e.phase === "finished" && e.result === "UnknownExecution" && e.resolved ? { resolved_by: 999 } : {};
-      executions.set(id, { ...rec, ...resolved });
-      if (e.phase === "finished" && e.seen) consumed.add(observationId.execution(id));
+      cells.set(id, e.kind === "cmd" ? { id, previous_id: null, kind: "cmd", argv: [e.word, "x"] } : { id, previous_id: null, kind: "script", source: "print(1)" });
+      // A denied cell never ran: it is finished, cancelled. A waiting or approved one is queued.
+      const phase = e.approval === "denied" ? "finished" : e.approval === "none" ? e.phase : "queued";
+      const result = e.approval === "denied" ? "cancelled" : e.result;
+      const rec = execution(id, phase, phase === "finished" ? result : null, { kind: e.kind, queued_seq: 10 + spec.seqShuffle[i]! * 8 + i });
+      const resolved = phase === "finished" && result === "UnknownExecution" && e.resolved ? { resolved_by: 999 } : {};
+      const approval =
+        e.approval === "none" ? null : { state: e.approval, rule: "all", requested_at: new Date(CREATED).toISOString(), decided_at: e.approval === "waiting" ? null : new Date(CREATED).toISOString(), reason: null };
+      executions.set(id, { ...rec, ...resolved, approval });
+      if (phase === "finished" && e.seen) consumed.add(observationId.execution(id));
     } else {
       const n = c.n;
       const role = n.role === "none" ? {} : { role: n.role, ...(n.role === "conclusion" ? { result: n.result } : { target_cell_id: 1 }) };
@@ -120,6 +150,8 @@ function projectionOf(spec: Spec): { s: SessionProjection; now: number } {
     cwd: "/tmp",
     validators: [],
     budgets: spec.budgets,
+    ...(spec.runRules.length > 0 ? { approval: spec.runRules } : {}),
+    forming: spec.forming ? 3 : null,
     created_at: new Date(CREATED).toISOString(),
     state: { ...base, runtime: { ...base.runtime, usage: { ...base.runtime.usage, input_tokens: half, output_tokens: spec.usage - half } } },
     cells,
@@ -137,18 +169,25 @@ function projectionOf(spec: Spec): { s: SessionProjection; now: number } {
     idle_streak: 0,
     idle_total: 0,
     terminal: spec.terminal ? { result: "failure", reason: "x", at: new Date(CREATED).toISOString() } : null,
+    paused: spec.paused === "no" ? null : { reason: "r", at: new Date(CREATED).toISOString(), now: spec.paused === "now", request: "p1" },
+    cancel_requested: spec.cancel ? { reason: "c", at: new Date(CREATED).toISOString(), request: "c1" } : null,
     blocked: null,
     refused_posts: [],
+    effect_seed: null,
+    effects: new Map(),
     last_seq: 100,
   };
   return { s, now };
 }
 
-/** `spec` with what comes before dispatch in the rules taken away: not ended, no budget, no timer due, every role note handled. */
+/** `spec` with what comes before dispatch in the rules taken away: not ended, forming, cancelled or paused, no budget, no timer due, every role note handled. */
 function quiet(spec: Spec): Spec {
   return {
     ...spec,
     terminal: false,
+    forming: false,
+    cancel: false,
+    paused: "no",
     budgets: {},
     timers: spec.timers.map((t) => ({ ...t, dueOffsetS: Math.abs(t.dueOffsetS) + 1 })),
     cells: spec.cells.map((c) => (c.t === "note" ? { t: "note", n: { ...c.n, handled: true } } : c)),
@@ -158,15 +197,19 @@ function quiet(spec: Spec): Spec {
 const limitsOf = (spec: Spec): StepLimits => ({ maxAttemptsPerTurn: 3, deliverPerRound: spec.deliverPerRound });
 const decide = (spec: Spec): { step: NextStep; s: SessionProjection; now: number } => {
   const { s, now } = projectionOf(spec);
-  return { step: nextStep({ session: s, limits: limitsOf(spec), now, busy: spec.busy }), s, now };
+  return { step: nextStep({ session: s, limits: limitsOf(spec), now, busy: spec.busy, approval: spec.workerRules }), s, now };
 };
+/** No operator's request and no fork in progress: the rules of an ordinary run apply. */
+const plain = (spec: Spec): Spec => ({ ...spec, forming: false, cancel: false, paused: "no" });
 
 // ---- oracles, written from the rules, not from the implementation --------------------------------
 
 function budgetOver(s: SessionProjection, now: number): boolean {
   const b = s.budgets;
   const used = s.state.runtime.usage.input_tokens + s.state.runtime.usage.output_tokens;
-  const roundWanted = s.open_turn === null && (s.turn_count === 0 || s.pending.length > 0);
+  // A paused, cancelled or forming run wants no round, so the round budget does not end it.
+  const operator = s.paused !== null || s.cancel_requested !== null || s.forming !== null;
+  const roundWanted = !operator && s.open_turn === null && (s.turn_count === 0 || s.pending.length > 0);
   return (
     (b.max_rounds !== undefined && s.turn_count >= b.max_rounds && roundWanted) ||
     (b.max_tokens !== undefined && used >= b.max_tokens) ||
@@ -176,9 +219,30 @@ function budgetOver(s: SessionProjection, now: number): boolean {
 const dueTimerIds = (s: SessionProjection, now: number) => [...s.timers.values()].filter((t) => !t.fired && Date.parse(t.due_at) <= now);
 const unhandledNotes = (s: SessionProjection) => [...s.cells.values()].filter((c) => c.kind === "note" && c.role !== undefined && !s.controls.has(c.id));
 const isPaused = (s: SessionProjection) =>
-  [...s.executions.values()].some((e) => e.phase === "finished" && (e.result === "error" || e.result === "UnknownExecution") && !s.consumed.has(observationId.execution(e.cell_id)));
+  [...s.executions.values()].some(
+    (e) => e.phase === "finished" && (e.result === "error" || e.result === "UnknownExecution" || e.approval?.state === "denied") && !s.consumed.has(observationId.execution(e.cell_id)),
+  );
 const anyStarted = (s: SessionProjection) => [...s.executions.values()].some((e) => e.phase === "started");
 const queuedBySeq = (s: SessionProjection) => [...s.executions.values()].filter((e) => e.phase === "queued").sort((a, b) => a.queued_seq - b.queued_seq);
+/** Whether a rule asks for approval of a cell, written from the rules' definitions (approval.ts). */
+function ruleAsks(r: ApprovalRule, c: Cell): boolean {
+  if (r.kind === "all") return true;
+  if (r.kind === "script") return c.kind === "script";
+  if (c.kind !== "cmd") return false;
+  const line = c.argv.join(" ");
+  if (r.kind === "argv") return c.argv[0] === r.prefix[0];
+  return r.pattern === "rm *" ? line.startsWith("rm ") : r.pattern === "git push*" ? line.startsWith("git push") : line.includes("x");
+}
+/** What the queue's head may do now: be dispatched, have its approval asked, or nothing. */
+function headOfQueue(s: SessionProjection, spec: Spec): "dispatch" | "request" | null {
+  const queue = queuedBySeq(s);
+  if (spec.busy || anyStarted(s) || isPaused(s) || queue.length === 0) return null;
+  const head = queue[0]!;
+  if (head.approval?.state === "waiting") return null;
+  if (head.approval?.state === "approved") return "dispatch";
+  const cell = s.cells.get(head.cell_id)!;
+  return [...spec.runRules, ...spec.workerRules].some((r) => ruleAsks(r, cell)) ? "request" : "dispatch";
+}
 const roundWanted = (s: SessionProjection) => s.open_turn !== null || s.turn_count === 0 || s.pending.length > 0;
 
 test("an ended run does nothing more", () => {
@@ -193,7 +257,7 @@ test("an ended run does nothing more", () => {
 
 test("budgets: the run ends exactly when a budget is exhausted, before anything else happens", () => {
   fc.assert(
-    fc.property(specArb, (spec) => {
+    fc.property(specArb.map(plain), (spec) => {
       const { step, s, now } = decide(spec);
       if (s.terminal !== null) return;
       assert.equal(step.kind === "end_run", budgetOver(s, now), `budget over: ${budgetOver(s, now)}, step ${step.kind}`);
@@ -208,7 +272,7 @@ test("budgets: the run ends exactly when a budget is exhausted, before anything 
 
 test("an open round may finish past the round budget; a new one may not start", () => {
   fc.assert(
-    fc.property(specArb, (spec) => {
+    fc.property(specArb.map(plain), (spec) => {
       const tight = { ...spec, budgets: { max_rounds: spec.turnCount || 1 }, terminal: false, timers: [], cells: [] };
       const { step, s } = decide(tight);
       if (s.open_turn !== null) assert.deepEqual(step.kind === "round" && step.turn, s.open_turn);
@@ -220,10 +284,10 @@ test("an open round may finish past the round budget; a new one may not start", 
 
 test("timers: a due timer fires (the earliest first) when no control, dispatch or round comes first; none fires early", () => {
   fc.assert(
-    fc.property(fc.oneof(specArb, specArb.map(quiet)).map((spec) => ({ ...spec, terminal: false, budgets: {} })), (spec) => {
+    fc.property(fc.oneof(specArb.map(plain), specArb.map(quiet)).map((spec) => ({ ...spec, terminal: false, budgets: {} })), (spec) => {
       const { step, s, now } = decide(spec);
       const due = dueTimerIds(s, now);
-      const before = unhandledNotes(s).length > 0 || (!spec.busy && !anyStarted(s) && !isPaused(s) && queuedBySeq(s).length > 0) || roundWanted(s);
+      const before = unhandledNotes(s).length > 0 || headOfQueue(s, spec) !== null || roundWanted(s);
       assert.equal(step.kind === "fire_timer", due.length > 0 && !before, `due ${due.length}, before ${before}, step ${step.kind}`);
       if (step.kind === "fire_timer") {
         assert.ok(!step.timer.fired && Date.parse(step.timer.due_at) <= now, "never a fired or future timer");
@@ -236,7 +300,7 @@ test("timers: a due timer fires (the earliest first) when no control, dispatch o
 
 test("controls: the first unhandled role note (cell order) is handled before dispatch, rounds and timers", () => {
   fc.assert(
-    fc.property(specArb.map((spec) => ({ ...spec, terminal: false, budgets: {} })), (spec) => {
+    fc.property(specArb.map((spec) => ({ ...plain(spec), terminal: false, budgets: {} })), (spec) => {
       const { step, s } = decide(spec);
       const notes = unhandledNotes(s);
       assert.equal(step.kind === "control", notes.length > 0);
@@ -250,17 +314,57 @@ test("controls: the first unhandled role note (cell order) is handled before dis
   );
 });
 
-test("dispatch: the oldest queued execution, one at a time, never while paused by an unseen error or UnknownExecution", () => {
+test("dispatch: the oldest queued execution, one at a time, never while paused by an unseen error, UnknownExecution or denial, and never before its approval when a rule asks for one", () => {
   fc.assert(
     fc.property(specArb.map(quiet), (spec) => {
       const { step, s } = decide(spec);
       const queue = queuedBySeq(s);
-      const may = !spec.busy && !anyStarted(s) && !isPaused(s) && queue.length > 0;
-      assert.equal(step.kind === "dispatch", may, `may dispatch: ${may}, step ${step.kind}`);
-      if (step.kind === "dispatch") {
+      const head = headOfQueue(s, spec);
+      assert.equal(step.kind === "dispatch", head === "dispatch", `head: ${head}, step ${step.kind}`);
+      assert.equal(step.kind === "request_approval", head === "request", `head: ${head}, step ${step.kind}`);
+      if (step.kind === "dispatch" || step.kind === "request_approval") {
         assert.equal(step.execution.cell_id, queue[0]!.cell_id, "the lowest queued_seq goes first");
         assert.equal(step.cell.id, step.execution.cell_id);
       }
+      if (step.kind === "dispatch") assert.notEqual(step.execution.approval?.state, "waiting", "never launched while it waits for a person");
+    }),
+    runs,
+  );
+});
+
+test("operator: a fork being copied does nothing; a cancel ends the run once no cell is busy here; a paused run only lets due timers fire", () => {
+  fc.assert(
+    fc.property(specArb.map((spec) => ({ ...spec, terminal: false })), (spec) => {
+      const { step, s, now } = decide(spec);
+      if (spec.forming) {
+        assert.deepEqual(step, { kind: "wait", until: null, for: [{ kind: "fork_copy" }] });
+        return;
+      }
+      if (spec.cancel) {
+        if (spec.busy) assert.equal(step.kind, "wait", "a cancel waits for the cell stopped here");
+        else assert.deepEqual(step, { kind: "cancel_run", reason: "c" });
+        return;
+      }
+      if (budgetOver(s, now)) return assert.equal(step.kind, "end_run");
+      if (spec.paused !== "no") {
+        const due = dueTimerIds(s, now);
+        assert.equal(step.kind, due.length > 0 ? "fire_timer" : "wait", `a paused run: ${step.kind}`);
+        if (step.kind === "wait") assert.ok(step.for.some((w) => w.kind === "unpause"), "it waits for the unpause");
+      }
+    }),
+    runs,
+  );
+});
+
+test("interrupts: a cancel stops the cell running here and the model call; a pause with --now stops the running cell; nothing else interrupts", () => {
+  fc.assert(
+    fc.property(specArb, fc.option(fc.integer({ min: 1, max: 9 }), { nil: null }), (spec, running) => {
+      const { s } = projectionOf(spec);
+      const i = interrupts(s, running);
+      if (s.terminal !== null) return assert.deepEqual(i, { stopCell: null, abortModel: false });
+      assert.equal(i.abortModel, spec.cancel);
+      const expected = running === null ? null : spec.cancel ? { cell_id: running, as: "cancel" } : spec.paused === "now" ? { cell_id: running, as: "pause" } : null;
+      assert.deepEqual(i.stopCell, expected);
     }),
     runs,
   );
@@ -270,10 +374,12 @@ test("rounds: the model is called only with something to decide, delivering at m
   fc.assert(
     fc.property(fc.oneof(specArb, specArb.map(quiet)), (spec) => {
       const { step, s, now } = decide(spec);
+      const operator = spec.forming || spec.cancel || spec.paused !== "no";
       if (step.kind !== "round") {
-        if (step.kind === "wait") assert.ok(!roundWanted(s), "waiting while a round is wanted");
+        if (step.kind === "wait" && !operator) assert.ok(!roundWanted(s), "waiting while a round is wanted");
         return;
       }
+      assert.ok(!operator, "no model call while paused, cancelled or forming");
       assert.ok(s.terminal === null && !budgetOver(s, now) && roundWanted(s));
       if (s.open_turn !== null) {
         assert.equal(step.turn, s.open_turn);
@@ -290,18 +396,21 @@ test("rounds: the model is called only with something to decide, delivering at m
 
 test("wait: only when nothing is due, with the earliest timer or budget deadline as the time to look again", () => {
   fc.assert(
-    fc.property(fc.oneof(specArb, specArb.map(quiet)), (spec) => {
+    fc.property(fc.oneof(specArb.map(plain), specArb.map(quiet)), (spec) => {
       const { step, s, now } = decide(spec);
       if (step.kind !== "wait") return;
       assert.ok(s.terminal === null && !budgetOver(s, now));
       assert.equal(dueTimerIds(s, now).length, 0);
       assert.equal(unhandledNotes(s).length, 0);
-      assert.ok(spec.busy || anyStarted(s) || isPaused(s) || queuedBySeq(s).length === 0, "waiting while a cell could be dispatched");
+      assert.equal(headOfQueue(s, spec), null, "waiting while a cell could be dispatched or its approval asked");
       const dues = [...s.timers.values()].filter((t) => !t.fired).map((t) => Date.parse(t.due_at));
       if (s.budgets.max_wall_seconds !== undefined) dues.push(CREATED + s.budgets.max_wall_seconds * 1000);
       assert.equal(step.until, dues.length === 0 ? null : Math.min(...dues));
       for (const ex of s.executions.values()) {
-        if (ex.phase !== "finished") assert.ok(step.for.some((w) => w.kind === "execution" && w.cell_id === ex.cell_id));
+        if (ex.phase !== "finished") {
+          const kind = ex.phase === "queued" && ex.approval?.state === "waiting" ? "approval" : "execution";
+          assert.ok(step.for.some((w) => w.kind === kind && w.cell_id === ex.cell_id), `waits for cell ${ex.cell_id} (${kind})`);
+        }
       }
     }),
     runs,
@@ -325,7 +434,7 @@ test("a simulated run dispatches in queue order and pauses after every error unt
   fc.assert(
     fc.property(fc.array(fc.record({ kind: fc.constantFrom("cmd" as const, "script" as const), result: resultArb, seq: fc.nat(100) }), { minLength: 1, maxLength: 6 }), (plan) => {
       const spec: Spec = {
-        cells: plan.map((p) => ({ t: "exec" as const, e: { kind: p.kind, phase: "queued" as const, result: "success" as const, seen: false, resolved: false } })),
+        cells: plan.map((p) => ({ t: "exec" as const, e: { kind: p.kind, phase: "queued" as const, result: "success" as const, seen: false, resolved: false, approval: "none" as const, word: "ls" as const } })),
         seqShuffle: [...plan.map((p) => p.seq), 0, 0, 0, 0, 0, 0, 0, 0].slice(0, 8),
         timers: [],
         pending: 0,
@@ -337,6 +446,11 @@ test("a simulated run dispatches in queue order and pauses after every error unt
         elapsedS: 0,
         busy: false,
         deliverPerRound: 8,
+        paused: "no",
+        cancel: false,
+        forming: false,
+        runRules: [],
+        workerRules: [],
       };
       let { s } = projectionOf(spec);
       const expected = [...s.executions.values()].sort((a, b) => a.queued_seq - b.queued_seq).map((e) => e.cell_id);
@@ -395,5 +509,8 @@ test("nextAttempt: a committed response is admitted without a call; refused patc
 });
 
 function emptySpec(): Spec {
-  return { cells: [], seqShuffle: [0, 0, 0, 0, 0, 0, 0, 0], timers: [], pending: 0, turnCount: 0, openTurn: false, terminal: false, budgets: {}, usage: 0, elapsedS: 0, busy: false, deliverPerRound: 8 };
+  return {
+    cells: [], seqShuffle: [0, 0, 0, 0, 0, 0, 0, 0], timers: [], pending: 0, turnCount: 0, openTurn: false, terminal: false, budgets: {}, usage: 0, elapsedS: 0, busy: false, deliverPerRound: 8,
+    paused: "no", cancel: false, forming: false, runRules: [], workerRules: [],
+  };
 }

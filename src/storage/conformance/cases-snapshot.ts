@@ -36,6 +36,7 @@ type Step =
   | { t: "round"; session: number; cmds: number; note: boolean; reject: boolean }
   | { t: "advance"; session: number; result: "success" | "error" | "cancelled"; outputs: number }
   | { t: "timer"; session: number; fire: boolean }
+  | { t: "steer"; session: number; what: "pause" | "unpause" | "gate" | "approve" | "deny" }
   | { t: "session" };
 
 /** Random steps of a run (see generateBatches). */
@@ -46,6 +47,7 @@ export function stepArb(fc: Fc): FastCheck.Arbitrary<Step> {
   { weight: 5, arbitrary: fc.record({ t: fc.constant("advance" as const), session: fc.nat(2), result: fc.constantFrom("success" as const, "success" as const, "error" as const, "cancelled" as const), outputs: fc.nat(3) }) },
   { weight: 1, arbitrary: fc.record({ t: fc.constant("timer" as const), session: fc.nat(2), fire: fc.boolean() }) },
   { weight: 1, arbitrary: fc.record({ t: fc.constant("session" as const) }) },
+  { weight: 2, arbitrary: fc.record({ t: fc.constant("steer" as const), session: fc.nat(2), what: fc.constantFrom("pause" as const, "unpause" as const, "gate" as const, "approve" as const, "deny" as const) }) },
   );
 }
 
@@ -78,6 +80,33 @@ export function generateBatches(steps: readonly Step[]): NewEvent[][] {
     }
     const s = sessions[step.session % sessions.length]!;
     const p = r.session(s)!;
+    if (step.t === "steer") {
+      // An operator's pause or unpause, or an approval gate on the oldest queued cell and its decision.
+      const n = ++obs;
+      if (step.what === "pause" || step.what === "unpause") {
+        const body = { request: `r${n}`, reason: step.what === "pause" ? "a look ✓" : "" };
+        push([step.what === "pause" ? event("run_paused", s, identity.steer(s, `r${n}`), AT, { ...body, now: n % 2 === 0 }) : event("run_unpaused", s, identity.steer(s, `r${n}`), AT, body)]);
+        continue;
+      }
+      const head = [...p.executions.values()].filter((e) => e.phase === "queued").sort((a, b) => a.queued_seq - b.queued_seq)[0];
+      if (head === undefined) continue;
+      if (step.what === "gate") {
+        if (head.approval === null) push([event("approval_requested", s, identity.approvalRequested(s, head.cell_id), AT, { cell_id: head.cell_id, rule: "argv:echo" })]);
+        continue;
+      }
+      if (head.approval?.state !== "waiting") continue;
+      const decided = event("approval_decided", s, identity.approvalDecided(s, head.cell_id), AT, { cell_id: head.cell_id, request: `r${n}`, decision: step.what === "approve" ? "approved" : "denied", reason: "r ✓" });
+      if (step.what === "approve") push([decided]);
+      else {
+        const oid = `execution:${head.cell_id}`;
+        push([
+          decided,
+          event("execution_finished", s, identity.finished(s, head.cell_id), AT, { cell_id: head.cell_id, result: "cancelled", exit_code: null, signal: null, duration_ms: null, output_bytes: 0, dropped_bytes: 0, detail: "denied", unknown: null }),
+          event("inbox_received", s, identity.inbox(s, oid), AT, { observation: { id: oid, source: "execution", kind: "execution_denied", at: AT, payload: { cell_id: head.cell_id } } }),
+        ]);
+      }
+      continue;
+    }
     if (step.t === "observe") {
       const id = `ext-${++obs}`;
       push([event("inbox_received", s, identity.inbox(s, id), AT, { observation: { id, source: "external", kind: "message", at: AT, payload: { text: `hello ${id} — ü`, n: obs } } })]);

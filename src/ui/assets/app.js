@@ -26,7 +26,8 @@
   function cellOutcome(c) {
     if (c.result === "UnknownExecution") return "unknown";
     if (c.result) return c.result;
-    return c.started_at ? "running" : "queued";
+    if (c.started_at) return "running";
+    return c.approval && c.approval.state === "waiting" ? "awaiting" : "queued";
   }
   function roundOutcome(r) {
     if (r.rejected.length > 0 || r.failed.length > 0) return "refused";
@@ -36,7 +37,7 @@
   function sessionEnd(s) {
     const d = s.data;
     let end = t(d.header.last_at);
-    if (d.header.status === "running") end = Math.max(end, Date.now());
+    if (d.header.status === "running" || d.header.status === "paused") end = Math.max(end, Date.now());
     return end;
   }
 
@@ -84,8 +85,7 @@
     const bar = $(".bar", row);
     bar.style.setProperty("--s", start.toFixed(3));
     bar.style.setProperty("--d", len.toFixed(3));
-    const q = $(".unknown-mark", row);
-    if (q) {
+    for (const q of row.querySelectorAll(".unknown-mark, .effects")) {
       q.style.setProperty("--s", start.toFixed(3));
       q.style.setProperty("--d", len.toFixed(3));
     }
@@ -156,8 +156,23 @@
     row.dataset.sandbox = c.sandbox ?? "";
     const contained = c.sandbox === "bwrap" ? `, sandboxed (network ${c.network ?? "off"})` : c.sandbox === "none" ? ", NOT sandboxed" : "";
     const where = c.host ? ` on ${c.host}${c.epoch != null ? ` (epoch ${c.epoch})` : ""}${contained}` : "";
+    const gate = c.approval ? `; approval (rule ${c.approval.rule}): ${c.approval.state}${c.approval.reason ? `: ${c.approval.reason}` : ""}` : "";
     const how = c.result === "UnknownExecution" ? `UnknownExecution: ${c.unknown?.reason ?? ""}${c.resolved_by ? `; resolved by note ${c.resolved_by.note_id}` : "; unresolved"}` : c.result ? `${c.result}${c.exit_code != null ? ` exit ${c.exit_code}` : ""} in ${fmtDur(c.duration_ms)}` : outcome;
-    row.title = `cell ${c.id}${where}: ${how}`;
+    // The effects it declared (`cairn effect`), under the cell: done ones with their result.
+    const effects = c.effects ?? [];
+    let fx = $(".effects", row);
+    if (effects.length > 0 && !fx) {
+      fx = el("span", "effects");
+      $(".track", row).append(fx);
+    }
+    if (fx) {
+      const uncertain = effects.filter((f) => f.status === "uncertain").length;
+      fx.textContent = `${effects.length} effect(s)${uncertain ? `, ${uncertain} uncertain` : ""}`;
+      fx.classList.toggle("uncertain", uncertain > 0);
+    }
+    row.dataset.effects = effects.map((f) => `${f.name}:${f.status}`).join(" ");
+    const fxLines = effects.map((f) => `effect ${f.name}: ${f.status}${f.status === "done" ? ` ${JSON.stringify(f.result ?? null)}` : f.status === "uncertain" ? " (begun, never ended)" : ""}`);
+    row.title = [`cell ${c.id}${where}: ${how}${gate}`, ...fxLines].join("\n");
     place(s, key);
   }
 
@@ -205,7 +220,9 @@
     head.replaceChildren(el("span", "sid", h.id), el("span", `status ${h.status}`, h.status), el("span", "goal", h.goal));
     const d = s.data;
     const unknown = [...d.cells.values()].filter((c) => c.result === "UnknownExecution").length;
-    $(".meta", s.el).textContent = `started ${h.created_at} in ${h.cwd} · ${d.rounds.size} round(s) · ${d.cells.size} cell(s)${unknown ? ` · ${unknown} UnknownExecution` : ""}${h.reason ? ` · ${h.reason}` : ""}`;
+    const paused = h.paused ? ` · PAUSED since ${h.paused.at}${h.paused.reason ? `: ${h.paused.reason}` : ""}` : "";
+    const waits = h.awaiting_approval && h.awaiting_approval.length > 0 ? ` · waits for approval: cell ${h.awaiting_approval.join(", cell ")}` : "";
+    $(".meta", s.el).textContent = `started ${h.created_at} in ${h.cwd} · ${d.rounds.size} round(s) · ${d.cells.size} cell(s)${unknown ? ` · ${unknown} UnknownExecution` : ""}${paused}${waits}${h.reason ? ` · ${h.reason}` : ""}`;
   }
 
   function ensureSession(id, header) {
@@ -336,7 +353,7 @@
     connect();
     // Running sessions grow with the clock between commits.
     setInterval(() => {
-      for (const s of sessions.values()) if (s.data.header.status === "running") setSpan(s);
+      for (const s of sessions.values()) if (s.data.header.status === "running" || s.data.header.status === "paused") setSpan(s);
     }, 1000);
   }
 
