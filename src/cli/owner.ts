@@ -8,6 +8,7 @@
 import { hostname } from "node:os";
 import type { Logger } from "pino";
 import type { HeldLease, LeaseTicket, LeaseView, OwnerInfo, Storage } from "../storage/contract.js";
+import type { Harness } from "../harness/harness.js";
 import { hasCode } from "../errors.js";
 import type { Parsed } from "./args.js";
 import { UsageError } from "./args.js";
@@ -136,4 +137,76 @@ export async function closeOwner(h: { readonly status: string; close(): Promise<
   } else {
     await Promise.all([h.close(), release()]);
   }
+}
+
+/** How many times an owner claims again after an opener that raced it (and lost the lease) fenced it. */
+export const MAX_REOPENS = 2;
+
+/**
+ * The owner lease of a process that opened its database under it. Its loss stops the harness: as
+ * fenced when the storage shows another owner (a takeover, a thawed process), as unreachable
+ * otherwise (exit 4: an outage that outlived the lease); never a plain close, so that a run waiting
+ * on the harness learns which of the two it was.
+ *
+ * Two openers that both take the lease by force (a takeover race) may claim in the other order than
+ * they took it: the one that took the lease first claims last. `raced` tells the lease's holder, once
+ * fenced, that it should claim again: the lease is still its own and the fence came within a lease
+ * length of its claim. The other one then finds itself fenced (exit 3), never both gone.
+ */
+export class OwnerLease {
+  private lost: string | null = null;
+  private harness: Pick<Harness, "epoch" | "name" | "ownerLeaseLost"> | null = null;
+  private openedAt = 0;
+
+  constructor(
+    readonly held: HeldLease,
+    private readonly ttlMs: number,
+    private readonly logger: Logger,
+  ) {
+    held.onLost((why) => {
+      this.lost = why;
+      this.stop(why);
+    });
+  }
+
+  /** `h` was opened under this lease (its claim is the newest, as far as this process knows). */
+  attach(h: Pick<Harness, "epoch" | "name" | "ownerLeaseLost">, openedAt: number): void {
+    this.harness = h;
+    this.openedAt = openedAt;
+    if (this.lost !== null) return this.stop(this.lost);
+    // Shown to standbys; never relied on.
+    this.held.update(h.epoch).catch((err: unknown) => this.logger.warn({ db: h.name, err: (err as Error).message }, "could not record the epoch in the owner lease"));
+  }
+
+  private stop(why: string): void {
+    const h = this.harness;
+    if (h === null) return;
+    this.logger.error({ db: h.name, why }, "lost the owner lease: stopping; asking the storage whether another process owns the database");
+    h.ownerLeaseLost(why, Math.max(3000, this.ttlMs));
+  }
+
+  /**
+   * Whether a fence that ended the open started at `openedAt` came from an opener that raced this
+   * one for the lease: within a lease length of that open, and the lease is still this process's
+   * (asked of the storage: writing the epoch to it fails once another process took it).
+   */
+  async raced(epoch: number, openedAt: number): Promise<boolean> {
+    if (this.lost !== null || performance.now() - openedAt > this.ttlMs) return false;
+    try {
+      await this.held.update(epoch);
+    } catch {
+      return false;
+    }
+    return this.lost === null;
+  }
+}
+
+/** Whether `err` says another process claimed the database (a ResetError "fenced"). */
+export function isFence(err: unknown): boolean {
+  return hasCode(err, "reset") && (err as { reason?: unknown }).reason === "fenced";
+}
+
+/** What a process says when another one owns its database now (exit 3): whether it lost a race to open, or was taken over later. */
+export function fencedLine(name: string): string {
+  return `cairn: fenced: another process owns database "${name}" now; this one stopped its cells and exits. Do not restart it here unless the other owner is gone.`;
 }

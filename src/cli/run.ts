@@ -17,7 +17,7 @@ import { followProgress } from "./progress.js";
 import { visibleLine } from "../ui/visible.js";
 import { chaosFaults } from "./chaos.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP, type StorageChoice } from "./storage.js";
-import { closeOwner, describeHolder, takeLease } from "./owner.js";
+import { closeOwner, describeHolder, fencedLine, isFence, MAX_REOPENS, OwnerLease, takeLease } from "./owner.js";
 import { assignedSubmitId, checkUserSessionId, sameRequest, START_REQUEST_KIND, StartRequest, startRequestId } from "../harness/start-request.js";
 import { Reducer } from "../state/reducer.js";
 import { parseLogEvent, type LogEvent } from "../state/events.js";
@@ -265,80 +265,87 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
     });
     unfollow();
     if (lease === null) return interrupted ?? outcome ?? EXIT.ok;
-    const held = lease;
-    try {
-      // `resume --require-approval` is this worker's rule for every run; `run`'s is its run's, in its log.
-      const approval = command === "resume" ? approvalFlags(p, "resume") : [];
-      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, create: command === "run", logger, limits, sandbox, approval, submitCwd: plan?.cwd ?? process.cwd(), ...(faults ? { faults } : {}) });
-    } catch (err) {
-      if (held !== "no-leases") await held.release();
-      lease = null;
-      throw err;
-    }
-    const harness = h;
-    if (held !== "no-leases") {
-      await held.update(harness.epoch);
-      held.onLost((why) => {
-        io.err(`cairn: lost the owner lease of "${name}" (${why}); stopping`);
-        void harness.close();
-      });
-    }
-    say(`cairn: database "${name}" (${choice.describe}), epoch ${harness.epoch}, model ${model.name}, cells ${harness.sandbox.kind === "bwrap" ? "sandboxed (bubblewrap)" : "NOT sandboxed"}`);
-    unfollow = followProgress(harness, json, io.out);
-    // Recovery of every unfinished run (survivors stopped) comes before anything new launches.
-    const r = await harness.resume();
-    if (command === "resume") {
-      if (r.sessions.length === 0) say("cairn: nothing to resume: every run in this database has ended");
-      else say(`cairn: resuming ${r.sessions.length} run(s): ${r.sessions.join(", ")}${r.recovered ? `; ${r.recovered} interrupted cell(s) recorded as UnknownExecution` : ""}`);
-    } else if (r.sessions.length > 0) {
-      say(`cairn: continuing ${r.sessions.length} unfinished run(s) of the last owner: ${r.sessions.join(", ")}${r.recovered ? `; ${r.recovered} interrupted cell(s) recorded as UnknownExecution` : ""}`);
-    }
-    const sessions = [...r.sessions];
-    if (plan !== null) {
-      if (posted && session !== undefined) {
-        // Exists, or waits in the mailbox: the drain at open starts it; wait for it below.
-        if (!sessions.includes(session)) sessions.push(session);
-      } else {
-        const id = await harness.start({
-          goal: plan.request.goal,
-          cwd: plan.cwd,
-          validators: plan.request.validators,
-          budgets: plan.request.budgets,
-          ...(plan.request.cell_network !== undefined ? { cellNetwork: plan.request.cell_network } : {}),
-          ...(plan.request.approval !== undefined ? { approval: plan.request.approval } : {}),
-          ...(session !== undefined ? { id: session } : {}),
+    const owned = lease === "no-leases" ? null : new OwnerLease(lease, storage.leases?.ttlMs ?? 0, logger);
+    // `resume --require-approval` is this worker's rule for every run; `run`'s is its run's, in its log.
+    const approval = command === "resume" ? approvalFlags(p, "resume") : [];
+    for (let opens = 1; ; opens++) {
+      const openedAt = performance.now();
+      try {
+        h = await Harness.open({ storage, name, model, workDir: choice.dataDir, create: command === "run", logger, limits, sandbox, approval, submitCwd: plan?.cwd ?? process.cwd(), ...(faults ? { faults } : {}) });
+        owned?.attach(h, openedAt);
+        const harness = h;
+        say(`cairn: database "${name}" (${choice.describe}), epoch ${harness.epoch}, model ${model.name}, cells ${harness.sandbox.kind === "bwrap" ? "sandboxed (bubblewrap)" : "NOT sandboxed"}`);
+        unfollow = followProgress(harness, json, io.out);
+        // Recovery of every unfinished run (survivors stopped) comes before anything new launches.
+        const r = await harness.resume();
+        if (command === "resume") {
+          if (r.sessions.length === 0) say("cairn: nothing to resume: every run in this database has ended");
+          else say(`cairn: resuming ${r.sessions.length} run(s): ${r.sessions.join(", ")}${r.recovered ? `; ${r.recovered} interrupted cell(s) recorded as UnknownExecution` : ""}`);
+        } else if (r.sessions.length > 0) {
+          say(`cairn: continuing ${r.sessions.length} unfinished run(s) of the last owner: ${r.sessions.join(", ")}${r.recovered ? `; ${r.recovered} interrupted cell(s) recorded as UnknownExecution` : ""}`);
+        }
+        const sessions = [...r.sessions];
+        if (plan !== null) {
+          if (posted && session !== undefined) {
+            // Exists, or waits in the mailbox: the drain at open starts it; wait for it below.
+            if (!sessions.includes(session)) sessions.push(session);
+          } else {
+            const id = await harness.start({
+              goal: plan.request.goal,
+              cwd: plan.cwd,
+              validators: plan.request.validators,
+              budgets: plan.request.budgets,
+              ...(plan.request.cell_network !== undefined ? { cellNetwork: plan.request.cell_network } : {}),
+              ...(plan.request.approval !== undefined ? { approval: plan.request.approval } : {}),
+              ...(session !== undefined ? { id: session } : {}),
+            });
+            sessions.push(id);
+            session = id;
+            posted = true;
+          }
+        }
+        if (sessions.length > 0 && session !== undefined && !sessions.includes(session)) sessions.push(session);
+        // Every run is waited for: one that stops on an error (or is blocked) never stops the others.
+        // A run paused by an operator, or whose cell waits for approval, has nothing in flight that keeps
+        // this process alive (the storage's timers are unref'd): the owner waits for the person.
+        const keepAlive = setInterval(() => undefined, 1 << 30);
+        const settled = await Promise.allSettled(sessions.map((s) => harness.wait(s))).finally(() => clearInterval(keepAlive));
+        const outcomes: RunOutcome[] = [];
+        let stopped: unknown = null;
+        settled.forEach((r, i) => {
+          if (r.status === "fulfilled") outcomes.push(r.value);
+          else {
+            stopped ??= r.reason;
+            if (sessions.length > 1) io.err(`cairn: run ${sessions[i]} stopped: ${r.reason instanceof Error ? r.reason.message.split("\n", 1)[0] : String(r.reason)}`);
+          }
         });
-        sessions.push(id);
+        // The reason is the model's own text: printed with its control characters visible, as progress is.
+        for (const o of outcomes) say(`cairn: run ${o.session} ${ended(o.result)}: ${visibleLine(o.reason)}`);
+        if (stopped !== null) throw stopped;
+        // A cancelled run did not succeed: exit 1, as a failure.
+        return outcomes.some((o) => o.result !== "success") ? EXIT.failure : EXIT.ok;
+      } catch (err) {
+        // Fenced by an opener that took the owner lease before this process did (and claimed after
+        // it): the lease is still ours, so this process claims again and the other one stops, fenced.
+        if (interrupted !== null || owned === null || opens > MAX_REOPENS || !((h !== null && h.status === "fenced") || (h === null && isFence(err)))) throw err;
+        if (!(await owned.raced(h?.epoch ?? 0, openedAt))) throw err;
+        logger.warn({ db: name, opens }, "fenced by an opener that no longer holds the owner lease: claiming the database again");
+        unfollow();
+        await h?.close().catch(() => undefined);
+        h = null;
       }
     }
-    if (sessions.length > 0 && session !== undefined && !sessions.includes(session)) sessions.push(session);
-    // Every run is waited for: one that stops on an error (or is blocked) never stops the others.
-    // A run paused by an operator, or whose cell waits for approval, has nothing in flight that keeps
-    // this process alive (the storage's timers are unref'd): the owner waits for the person.
-    const keepAlive = setInterval(() => undefined, 1 << 30);
-    const settled = await Promise.allSettled(sessions.map((s) => harness.wait(s))).finally(() => clearInterval(keepAlive));
-    const outcomes: RunOutcome[] = [];
-    let stopped: unknown = null;
-    settled.forEach((r, i) => {
-      if (r.status === "fulfilled") outcomes.push(r.value);
-      else {
-        stopped ??= r.reason;
-        if (sessions.length > 1) io.err(`cairn: run ${sessions[i]} stopped: ${r.reason instanceof Error ? r.reason.message.split("\n", 1)[0] : String(r.reason)}`);
-      }
-    });
-    // The reason is the model's own text: printed with its control characters visible, as progress is.
-    for (const o of outcomes) say(`cairn: run ${o.session} ${ended(o.result)}: ${visibleLine(o.reason)}`);
-    if (stopped !== null) throw stopped;
-    // A cancelled run did not succeed: exit 1, as a failure.
-    return outcomes.some((o) => o.result !== "success") ? EXIT.failure : EXIT.ok;
   } catch (err) {
     if (interrupted !== null) return interrupted;
-    if (h !== null && h.status === "fenced") {
-      io.err(`cairn: fenced: another process opened database "${name}"; this one stopped its cells and exits. Do not restart it here unless the other owner is gone.`);
+    // (Set inside the loop above; the compiler's narrowing does not follow it there.)
+    const cur = h as Harness | null;
+    // Fenced while running, or while it opened (it lost a race to open): one answer.
+    if ((cur !== null && cur.status === "fenced") || (cur === null && isFence(err))) {
+      io.err(fencedLine(name));
       return EXIT.fenced;
     }
     if (err instanceof RunBlocked) io.err(`cairn: the run is blocked, not over: fix the cause below, then \`cairn resume --db ${name}\` continues it where it was.`);
-    else if (h !== null && h.status === "open" && !hasCode(err, "reset")) io.err(`cairn: the run is not over; continue it with \`cairn resume --db ${name}\` once the cause below is fixed.`);
+    else if (cur !== null && cur.status === "open" && !hasCode(err, "reset")) io.err(`cairn: the run is not over; continue it with \`cairn resume --db ${name}\` once the cause below is fixed.`);
     throw err;
   } finally {
     process.off("SIGINT", onSignal);

@@ -21,7 +21,7 @@ import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 import { makeLogger, makeModel, modelLimits } from "./run.js";
 import { chaosFaults } from "./chaos.js";
-import { closeOwner, describeHolder, envName, fillFromEnv, takeLease } from "./owner.js";
+import { closeOwner, describeHolder, envName, fencedLine, fillFromEnv, isFence, MAX_REOPENS, OwnerLease, takeLease } from "./owner.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 import { createTimelineHandler, type TimelineHandler } from "../ui/server.js";
 import { hasCode } from "../errors.js";
@@ -245,42 +245,42 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
       logger.info({}, "SIGTERM in standby: exiting");
       return EXIT.ok;
     }
-    const held = lease;
-    try {
-      h = await Harness.open({ storage, name, model, workDir: choice.dataDir, logger, metrics, create, submitCwd: cwd, limits, sandbox, approval, ...(faults ? { faults } : {}) });
-    } catch (err) {
-      if (held !== "no-leases") await held.release();
-      lease = null;
-      throw err;
-    }
-    const harness = h;
-    let leaseLost: string | null = null;
-    if (held !== "no-leases") {
-      await held.update(harness.epoch);
-      held.onLost((why) => {
-        logger.error({ why }, "lost the owner lease: stopping (another worker may take the database over)");
-        leaseLost = why;
-        void harness.close();
-      });
-    }
-    setState("owner", `owns "${name}" at epoch ${harness.epoch}`);
-    logger.info({ url: server.url, epoch: harness.epoch }, "serving");
-    io.err(`cairn: serving database "${name}" (${choice.describe}) at epoch ${harness.epoch}; metrics on ${server.url}/metrics`);
+    const owned = lease === "no-leases" ? null : new OwnerLease(lease, storage.leases?.ttlMs ?? 0, logger);
+    let why: "fenced" | "poisoned" | "unreachable" | "closed" | "term";
     const stop: { error: Error | null } = { error: null };
-    const stopped = new Promise<"fenced" | "poisoned" | "unreachable" | "closed">((r) =>
-      harness.onStop((status, err) => {
-        stop.error = err;
-        r(status === "open" ? "closed" : status);
-      }),
-    );
-    await harness.resume();
-    const why = terminated ? "term" : await Promise.race([stopped, terminatedP]);
-    if (why === "fenced" || (why === "closed" && leaseLost !== null)) {
-      // Losing the owner lease to a takeover is a fence seen first through the lease: count it too.
-      if (why !== "fenced") metrics.fenced();
+    for (let opens = 1; ; opens++) {
+      const openedAt = performance.now();
+      try {
+        h = await Harness.open({ storage, name, model, workDir: choice.dataDir, logger, metrics, create, submitCwd: cwd, limits, sandbox, approval, ...(faults ? { faults } : {}) });
+        owned?.attach(h, openedAt);
+        const harness = h;
+        setState("owner", `owns "${name}" at epoch ${harness.epoch}`);
+        logger.info({ url: server.url, epoch: harness.epoch }, "serving");
+        io.err(`cairn: serving database "${name}" (${choice.describe}) at epoch ${harness.epoch}; metrics on ${server.url}/metrics`);
+        const stopped = new Promise<"fenced" | "poisoned" | "unreachable" | "closed">((r) =>
+          harness.onStop((status, err) => {
+            stop.error = err;
+            r(status === "open" ? "closed" : status);
+          }),
+        );
+        await harness.resume();
+        why = terminated ? "term" : await Promise.race([stopped, terminatedP]);
+      } catch (err) {
+        // Fenced while it opened or recovered (it lost a race to open): told as any fence below.
+        if (!((h !== null && h.status === "fenced") || (h === null && isFence(err)))) throw err;
+        why = "fenced";
+      }
+      // Fenced by an opener that took the owner lease before this process did (and claimed after
+      // it): the lease is still ours, so this process claims again and the other one stops, fenced.
+      if (why !== "fenced" || terminated || owned === null || opens > MAX_REOPENS || !(await owned.raced(h?.epoch ?? 0, openedAt))) break;
+      logger.warn({ db: name, opens }, "fenced by an opener that no longer holds the owner lease: claiming the database again");
+      await h?.close().catch(() => undefined);
+      h = null;
+    }
+    if (why === "fenced") {
       setState("fenced", `fenced: this process no longer owns "${name}"`);
       logger.error({ db: name }, "fenced: another process took the database over; exiting with code 3");
-      io.err(`cairn: fenced: another process took database "${name}" over${leaseLost !== null ? ` (${leaseLost})` : ""}; exiting with code 3. Restarted, this worker waits in standby.`);
+      io.err(`${fencedLine(name)} Restarted, this worker waits in standby.`);
       // Keep answering for a while: /readyz says why (503) and scrapes see cairn_worker_state{state="fenced"}.
       await Promise.race([new Promise((r) => setTimeout(r, lingerMs)), terminatedP]);
       return EXIT.fenced;

@@ -27,7 +27,7 @@ import type { Metrics } from "../observability/metrics.js";
 import { Boundaries, type SandboxState } from "./boundary.js";
 import { createCore, type HarnessCore, type HarnessFaults } from "./core.js";
 import { summarize, type Inspection } from "./inspect.js";
-import { guardLease, openAfterPrevious } from "./lease.js";
+import { guardLease, lostLeaseError, openAfterPrevious, probeFence } from "./lease.js";
 import { MailboxDelivery, postObservation } from "./mailbox.js";
 import { chooseSessionId, startRequested } from "./start-request.js";
 import type { OutsideObservation } from "./observations.js";
@@ -53,6 +53,8 @@ export class Harness {
   private readonly committer: Committer;
   private statusValue: HarnessStatus = "open";
   private stopError: CairnError | null = null;
+  /** Stopped, but not yet told: a lost lease waits for the storage to say whether it was fenced. */
+  private settling = false;
   private unwatch: (() => void) | null = null;
   private readonly mailbox: MailboxDelivery;
   private readonly timers: TimerHousekeeping;
@@ -282,7 +284,7 @@ export class Harness {
    */
   wait(session: string): Promise<RunOutcome> {
     const stopped = () => (this.statusValue === "open" ? null : this.stopped(` before session ${session} ended`));
-    return this.listeners.until(session, () => runOutcome(session, this.reducer.session(session), stopped(), this.drivers.error(session)));
+    return this.listeners.until(session, () => (this.settling ? null : runOutcome(session, this.reducer.session(session), stopped(), this.drivers.error(session))));
   }
 
   /** Resolves when no driver has anything in flight (tests and shutdown use it). */
@@ -356,9 +358,21 @@ export class Harness {
     }
   }
 
-  /** The ownership lease was lost (lease.ts): stop acting at once; running cells are stopped. */
-  loseOwnership(error: CairnError): void {
-    void this.becomeStopped("unreachable", error);
+  /**
+   * The lease was lost (lease.ts): stop acting at once; running cells are stopped. The stop is told
+   * as fenced when `fenced` resolves with the storage's ResetError, else as unreachable (`error`).
+   */
+  loseOwnership(error: CairnError, fenced: Promise<ResetError | null>): void {
+    void this.becomeStopped("unreachable", error, fenced);
+  }
+
+  /**
+   * The owner lease this process took before opening (src/cli/owner.ts) was lost: not renewed in
+   * time (frozen, cut off, quorum lost) or taken by a forced acquire. Stops as a lost liveness lease
+   * does: fenced when the storage shows another owner within `probeMs`, else unreachable.
+   */
+  ownerLeaseLost(why: string, probeMs: number): void {
+    this.loseOwnership(lostLeaseError(this.name, why), probeFence(this.db, probeMs));
   }
 
   /** What readiness needs from the storage: its stats and whether the ownership lease is held. */
@@ -366,14 +380,25 @@ export class Harness {
     return { stats: this.db.stats(), leaseHeld: this.db.lease ? this.db.lease.held() : null };
   }
 
-  private async becomeStopped(status: StopReason, error: CairnError): Promise<void> {
+  /**
+   * Stops acting as `status` at once; tells the stop once the drivers stopped and, when `fenced` is
+   * given, once it resolved: a ResetError there turns the stop into a fence (the lease was lost
+   * because another process took the database over, not because the storage was out of reach).
+   */
+  private async becomeStopped(status: StopReason, error: CairnError, fenced?: Promise<ResetError | null>): Promise<void> {
     if (this.statusValue !== "open") return;
     this.statusValue = status;
     this.stopError = error;
-    if (status === "fenced") this.metrics?.fenced();
-    const message = STOP_MESSAGES[status];
-    if (message !== undefined) this.logger.error({ err: error.message }, message);
-    await this.shutdown(status);
+    this.settling = fenced !== undefined;
+    const [found] = await Promise.all([fenced ?? Promise.resolve(null), this.shutdown(status)]);
+    if (found !== null) {
+      this.statusValue = "fenced";
+      this.stopError = found;
+    }
+    this.settling = false;
+    if (this.statusValue === "fenced") this.metrics?.fenced();
+    const message = STOP_MESSAGES[this.statusValue as StopReason];
+    if (message !== undefined) this.logger.error({ err: this.stopError.message }, message);
     this.listeners.stopped(this.statusValue, this.stopError);
   }
 

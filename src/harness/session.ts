@@ -220,6 +220,7 @@ export class SessionDriver implements SessionContext {
   }
 
   private async drive(): Promise<void> {
+    const previous = this.lastError;
     this.lastError = null;
     let last: { step: string; seq: number } | null = null;
     /** Carried events taken by this pass and maybe not committed yet (kept for the retry if it fails). */
@@ -248,7 +249,11 @@ export class SessionDriver implements SessionContext {
           return;
         }
         // Blocked (a refused key, a wrong model): parked until `resume`; other work still moves.
-        if (step.kind === "round" && s.blocked !== null && !this.retryBlocked) return;
+        if (step.kind === "round" && s.blocked !== null && !this.retryBlocked) {
+          // Still blocked: a `wait` asked after this pass must hear why, as one asked before it did.
+          if (previous instanceof RunBlocked) this.lastError = previous;
+          return;
+        }
         const name = describe(step);
         if (last !== null && last.step === name && last.seq === s.last_seq) {
           throw new Error(`the driver of session ${this.id} made no progress: step ${name} committed nothing`);

@@ -29,6 +29,7 @@ import type { LogEvent, NewEvent } from "../../src/state/events.js";
 import { StorageRejected } from "../../src/storage/errors.js";
 import { ownEvent } from "../../src/storage/snapshots.js";
 import { RowInserter } from "../../src/storage/sqlite-rows.js";
+import { InUseLock } from "./copy-in-use.js";
 import { GENESIS_HASH, chainHash, segmentIdentities, type BatchRecord } from "./layout.js";
 
 /** The path of the local copy of database `name` under `dataDir`. */
@@ -38,11 +39,6 @@ export function localCopyPath(dataDir: string, name: string): string {
 
 /** Identities per lookup statement in `existing` (a power of two, far below SQLite's parameter limit). */
 const HELD_CHUNK = 256;
-
-/** The file beside a copy whose shared lock says an owner has the copy open (LocalCopy.holdInUse). */
-export function inUsePath(copyPath: string): string {
-  return `${copyPath}-inuse`;
-}
 
 /** The longest the owner's commits wait in memory before they are written to the copy. */
 export const FLUSH_MS = 50;
@@ -69,8 +65,8 @@ export function splitEvents(eventsJson: string): { events: NewEvent[]; jsons: st
 /** One database's local copy. Synchronous (better-sqlite3); every method may throw on a disk error. */
 export class LocalCopy {
   private readonly db: Database.Database;
-  /** The read transaction on the in-use file held while this copy is an owner's (holdInUse), or null. */
-  private inUse: Database.Database | null = null;
+  /** The in-use lock held while this copy is an owner's (holdInUse). */
+  private readonly inUse: InUseLock;
   private readonly stmt: {
     head: Database.Statement;
     hasIdentity: Database.Statement;
@@ -92,6 +88,7 @@ export class LocalCopy {
 
   /** Opens (creating when missing) the local copy at `path`. */
   constructor(readonly path: string) {
+    this.inUse = new InUseLock(path);
     mkdirSync(join(path, ".."), { recursive: true });
     this.db = new Database(path);
     try {
@@ -137,53 +134,19 @@ export class LocalCopy {
       .immediate();
   }
 
-  /**
-   * Marks this copy as open by its database's owner for as long as it stays open: a shared lock on
-   * the in-use file beside it (a read transaction in rollback-journal mode), released by close() and
-   * by the operating system when the process dies. Several owners of the same database may hold it
-   * at once (a fenced one and its successor); `whileUnused` fails while any does.
-   */
+  /** Marks this copy as open by its database's owner while it stays open (copy-in-use.ts). */
   holdInUse(): void {
-    if (this.inUse !== null) return;
-    const lock = new Database(inUsePath(this.path));
-    try {
-      lock.pragma("journal_mode = DELETE");
-      lock.pragma("busy_timeout = 5000");
-      lock.exec("BEGIN");
-      lock.prepare("SELECT count(*) FROM sqlite_master").get();
-    } catch (err) {
-      lock.close();
-      throw err;
-    }
-    this.inUse = lock;
+    this.inUse.hold();
   }
 
   /** Gives up this copy's in-use lock (holdInUse), as close() does. */
   releaseInUse(): void {
-    this.inUse?.close();
-    this.inUse = null;
+    this.inUse.release();
   }
 
   /** Runs `f` while no process holds this copy in use (holdInUse); returns false, without running it, when one does. */
   whileUnused(f: () => void): boolean {
-    const probe = new Database(inUsePath(this.path));
-    try {
-      probe.pragma("busy_timeout = 0");
-      try {
-        probe.exec("BEGIN EXCLUSIVE");
-      } catch (err) {
-        if ((err as { code?: unknown }).code === "SQLITE_BUSY") return false;
-        throw err;
-      }
-      try {
-        f();
-      } finally {
-        probe.exec("ROLLBACK");
-      }
-      return true;
-    } finally {
-      probe.close();
-    }
+    return this.inUse.whileUnused(f);
   }
 
   /** Empties the copy, its stamp included, and stamps it for database `uid` named `name` (another database's copy, taken over). */
