@@ -3,6 +3,7 @@
  * after commits, recovery of the runs unfinished at open, holding the runs a mailbox batch starts
  * until the batch is delivered, settling and stopping them all.
  */
+import type { StopReason } from "./stop.js";
 import type { HarnessCore } from "./core.js";
 import { SessionDriver } from "./session.js";
 
@@ -108,7 +109,7 @@ export class SessionDrivers {
     await Promise.all([...this.drivers.values()].map((d) => d.settled()));
   }
 
-  async stop(reason: "shutdown" | "fenced"): Promise<void> {
+  async stop(reason: "shutdown" | StopReason): Promise<void> {
     await Promise.all([...this.drivers.values()].map((d) => d.stop(reason)));
   }
 }

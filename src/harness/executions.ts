@@ -3,6 +3,7 @@
  * record its output and result, stop it (cancel, shutdown, fence), and recover what an earlier worker
  * left `started` (UnknownExecution; nothing is ever re-run).
  */
+import type { StopReason } from "./stop.js";
 import { event, identity } from "../state/events.js";
 import type { FinishedBody, ProcessOutcome, StoppedBy } from "../state/outcomes.js";
 import { neverRan } from "../state/steer.js";
@@ -92,11 +93,11 @@ export class Executions {
   }
 
   /** Stops the running cell's process group, if one runs (its execution stays `started`). */
-  async stopRunning(reason: "shutdown" | "fenced"): Promise<void> {
+  async stopRunning(reason: "shutdown" | StopReason): Promise<void> {
     await this.discardEarly();
     const r = this.running;
     if (r === null) return;
-    if (reason === "fenced" || this.ctx.core.stopping()) {
+    if (reason !== "shutdown" || this.ctx.core.stopping()) {
       this.ctx.core.logger.warn({ session: this.ctx.id, cell: r.cellId, reason }, "stopping the running cell's process group");
     }
     // The kill is waited for; the cell's last output, at most one lease length (see stopWaitMs).

@@ -406,7 +406,7 @@ export class Harness {
     this.timers.sleeper.wakeAll(); // a round sleeping in its back-off ends now, before the drivers stop
     this.unwatch?.();
     this.unwatch = null;
-    await this.drivers.stop(reason === "shutdown" ? "shutdown" : "fenced");
+    await this.drivers.stop(reason);
     await this.timers.close();
   }
 

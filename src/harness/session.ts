@@ -8,6 +8,7 @@
  * beside it: executions.ts (dispatch, launch, finish, recover), round.ts (the model round),
  * controls.ts (cancel, resolution, conclusion), timers.ts (session timers and the wall-time budget).
  */
+import type { StopReason } from "./stop.js";
 import type { NewEvent } from "../state/events.js";
 import { event, identity } from "../state/events.js";
 import type { NextStep } from "../state/next-step.js";
@@ -149,7 +150,7 @@ export class SessionDriver implements SessionContext {
   }
 
   /** Stops this driver: aborts a model call in flight, stops the running cell's process group. */
-  async stop(reason: "shutdown" | "fenced"): Promise<void> {
+  async stop(reason: "shutdown" | StopReason): Promise<void> {
     this.abort.abort();
     this.timers.stop();
     this.cancelRetry();
