@@ -13,6 +13,7 @@
 import { z } from "zod";
 import { ARRAY_INDEX, boundText, canonicalEqual, describeJson, isJsonValue, jsonBounds, MAX_JSON_DEPTH, parsePointer, resolvePointer } from "./canonical.js";
 import { applyAccepted } from "./apply.js";
+import { argvProblem } from "./argv.js";
 import { parsePep723 } from "./pep723.js";
 import type { ExecutionRecord } from "./projection.js";
 import { isUnresolvedUnknown } from "./projection.js";
@@ -374,7 +375,7 @@ function newCell(w: WalkState, value: unknown, k: number, old: Cell | null, path
       );
     }
   }
-  if (cell.kind === "cmd") checkArgv(cell.argv, k, cell.id);
+  if (cell.kind === "cmd") refuseArgv(cell.argv, k, cell.id);
   if (cell.kind === "script") {
     const meta = parsePep723(cell.source);
     if (!meta.ok) refuse("pep723", `op ${k} script cell ${cell.id}: ${meta.reason}`);
@@ -391,30 +392,9 @@ function newCell(w: WalkState, value: unknown, k: number, old: Cell | null, path
   return cell;
 }
 
-/**
- * Linux limits on what `execve` takes (MAX_ARG_STRLEN: 32 pages, 128 KiB per string with its NUL) and
- * a total well under ARG_MAX (usually 2 MiB, shared with the environment). An argv past them could
- * never start, so it is refused here, where the model can still fix it.
- */
-export const MAX_ARG_BYTES = 128 * 1024 - 1;
-export const MAX_ARGV_TOTAL_BYTES = 1024 * 1024;
-
-function checkArgv(argv: readonly string[], k: number, id: number): void {
-  let total = 0;
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
-    if (a.includes("\0")) {
-      refuse("invalid_cell", `op ${k} cmd cell ${id}: argv[${i}] contains a NUL character (\\u0000), which no program can receive as an argument; remove it (to pass binary data, write it to a file from a script cell)`);
-    }
-    const bytes = Buffer.byteLength(a, "utf8");
-    if (bytes > MAX_ARG_BYTES) {
-      refuse("invalid_cell", `op ${k} cmd cell ${id}: argv[${i}] is ${bytes} bytes in UTF-8, over the kernel's limit of ${MAX_ARG_BYTES} bytes per argument; write large input to a file from a script cell and pass its path`);
-    }
-    total += bytes + 1;
-  }
-  if (total > MAX_ARGV_TOTAL_BYTES) {
-    refuse("invalid_cell", `op ${k} cmd cell ${id}: the argv totals ${total} bytes in UTF-8, over the ${MAX_ARGV_TOTAL_BYTES} bytes a command line may take here; write large input to a file from a script cell and pass its path`);
-  }
+function refuseArgv(argv: readonly string[], k: number, id: number): void {
+  const problem = argvProblem(argv);
+  if (problem !== null) refuse("invalid_cell", `op ${k} cmd cell ${id}: ${problem}`);
 }
 
 function busyPhase(w: WalkState, cell: Cell): "queued" | "started" | null {
