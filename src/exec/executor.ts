@@ -37,6 +37,7 @@ import { liveGroupMembers, readProcStat } from "./procfs.js";
 import { ensurePrivateDir } from "./private.js";
 import { type CellNetwork, SANDBOX_RUN_DIR, type SandboxBind, bwrapArgv, existingPaths } from "./sandbox.js";
 import { which as defaultWhich } from "./which.js";
+import { describeExit, formatSeconds, spawnErrorWords } from "./words.js";
 
 /** Where, and within what, a cell runs. */
 export interface CellBoundary {
@@ -140,38 +141,13 @@ export interface Executor {
   prepare(spec: LaunchSpec): Promise<Prepared>;
 }
 
-/** Exit code of a gate that was closed without being released. */
-export const GATE_NOT_RELEASED_EXIT = 125;
-
 /** How often a running cell's init is checked for having been stopped (see release). */
 const INIT_WATCH_MS = 1000;
 
 /** How long to wait for the output pipes to close after the whole group is gone, before giving up on them. */
 const PIPE_DRAIN_MS = 2000;
 
-function unlaunchable(detail: string): Prepared {
-  return {
-    kind: "unlaunchable",
-    outcome: { result: "error", exit_code: null, signal: null, duration_ms: 0, output_bytes: 0, dropped_bytes: 0, detail },
-  };
-}
-
-/** A spawn failure in words: E2BIG and a NUL byte get a sentence that says what to change. */
-function spawnErrorWords(err: unknown): string {
-  const e = err as NodeJS.ErrnoException;
-  const msg = (err instanceof Error ? err.message : String(err)).slice(0, 300);
-  if (e?.code === "E2BIG") return `the argument list is too long for the kernel (E2BIG: one argument over 128 KiB, or all of them with the environment over ARG_MAX); pass large input through a file`;
-  if (e?.code === "ERR_INVALID_ARG_VALUE" || /null bytes/.test(msg)) return `an argument contains a NUL byte, which no program can receive (${msg})`;
-  return msg;
-}
-
-function describeExit(code: number | null, signal: string | null): string {
-  return signal !== null ? `killed by ${signal}` : `exited with code ${code}`;
-}
-
-function formatSeconds(ms: number): string {
-  return `${Number((ms / 1000).toFixed(3))}`;
-}
+const unlaunchable = (detail: string): Prepared => ({ kind: "unlaunchable", outcome: { result: "error", exit_code: null, signal: null, duration_ms: 0, output_bytes: 0, dropped_bytes: 0, detail } });
 
 /**
  * Creates an executor. Each `prepare` is independent; the executor holds no state but a cached

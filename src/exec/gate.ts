@@ -56,3 +56,6 @@ export type GateStart = { ok: true; gate: GateProcess } | { ok: false; error: No
 export interface GateLauncher {
   start(spec: GateSpawn): Promise<GateStart>;
 }
+
+/** Exit code of a gate that was closed without being released: nothing of the cell ran. */
+export const GATE_NOT_RELEASED_EXIT = 125;

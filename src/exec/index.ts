@@ -2,7 +2,8 @@
  * The executor layer: running cmd and script cells in their own process groups behind a launch gate,
  * capturing their output within limits, and the process identity used to find and stop survivors.
  */
-export { createExecutor, GATE_NOT_RELEASED_EXIT } from "./executor.js";
+export { createExecutor } from "./executor.js";
+export { GATE_NOT_RELEASED_EXIT } from "./gate.js";
 export type { ExecutionOutcome, Executor, ExecutorOptions, GatedLaunch, LaunchSpec, Prepared } from "./executor.js";
 export {
   bootId,
