@@ -22,7 +22,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { cleanupProcesses, describe as said, runCairn, startCairn, type CliProcess } from "./support/cli.js";
 import { effectLines } from "./support/checks.js";
-import { brief, ofKind } from "./support/log.js";
+import { brief, ofKind, readAll } from "./support/log.js";
 import { cmdPatch, concludePatch, writeScript } from "./support/patches.js";
 import { until } from "./support/procs.js";
 import type { LogEvent } from "../src/state/events.js";
@@ -87,17 +87,7 @@ function makeCase(adapter: Adapter, name: string, rounds: unknown[][]): Case {
     cairn: (args, role, env = {}) => runCairn(withDb(args, role), env, 120_000),
     start: (args, role, env = {}) => startCairn(withDb(args, role), env, 180_000),
     async log() {
-      const storage = adapter.storage(dir);
-      try {
-        const reader = await storage.reader(db);
-        try {
-          return await reader.read(0);
-        } finally {
-          await reader.close();
-        }
-      } finally {
-        await storage.close();
-      }
+      return readAll(adapter.storage(dir), db);
     },
     async logged(kind, where = () => true) {
       try {

@@ -36,7 +36,7 @@ import { devCluster } from "../../test/replicated/helpers.js";
 import { cleanupProcesses, type CliResult, describe as said, REPO, runCairn, startCairn } from "./cli.js";
 import { endedByConclusion, oneFinish, oneStart } from "./checks.js";
 import { startFakeOpenAI, type FakeOpenAI } from "./fake-openai.js";
-import { brief, ofKind, readLog } from "./log.js";
+import { brief, ofKind, readAll, readLog } from "./log.js";
 import { alive, processesRunning, stat, track, until } from "./procs.js";
 
 const EFFECTS = ["a", "b", "c"] as const;
@@ -163,17 +163,7 @@ export function effectKillSuite(adapter: "sqlite" | "replicated"): void {
         storageFlags = () => ["--storage", "replicated", "--etcd", endpoints.join(",")];
         readReplicated = async (db) => {
           const dir = mkdtempSync(join(root, "reader-"));
-          const storage = createReplicatedStorage({ endpoints, dataDir: dir });
-          try {
-            const reader = await storage.reader(db);
-            try {
-              return await reader.read(0);
-            } finally {
-              await reader.close();
-            }
-          } finally {
-            await storage.close();
-          }
+          return readAll(createReplicatedStorage({ endpoints, dataDir: dir }), db);
         };
       }
     });

@@ -4,10 +4,15 @@
  */
 import { createSqliteStorage } from "../../storage-adapters/sqlite/index.js";
 import type { EventKind, LogEvent } from "../../src/state/events.js";
+import type { Storage } from "../../src/storage/contract.js";
 
 /** Every committed event of database `db` in `dataDir`, in seq order. */
 export async function readLog(dataDir: string, db: string): Promise<LogEvent[]> {
-  const storage = createSqliteStorage({ dataDir });
+  return readAll(createSqliteStorage({ dataDir }), db);
+}
+
+/** Every committed event of `db` through a read-only reader of `storage` (any adapter), which it closes. */
+export async function readAll(storage: Storage, db: string): Promise<LogEvent[]> {
   try {
     const reader = await storage.reader(db);
     try {
