@@ -9,6 +9,7 @@
  *   steer:committed                                   -> applied, nothing acted on it yet
  *   approval:requested                                -> the cell waits; nothing runs before approval
  *   cancel:cells-stopped                              -> the running cell recorded, the run not ended
+ *   steer:committed@2 (pause, then unpause)           -> the unpause committed, the run not gone on yet
  *
  * The cell appends a line to an effect file, so "ran once", "never ran" and "ran twice" are visible on
  * disk, and the log must agree. "Asks the model nothing while paused" is read from the log's order:
@@ -16,7 +17,7 @@
  * (signal SIGKILL, the request's event committed), so the suite cannot pass by doing nothing.
  */
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -167,6 +168,69 @@ function killMatrix(adapter: Adapter): void {
     assert.ok(p! <= claim.seq + 1, `the pause is the new owner's first act:\n${brief(log)}`);
     assert.equal(roundsBetween(log, p!, u!), 0, `no round while paused:\n${brief(log)}`);
     assert.equal(c.effect(), 1, "never re-run");
+  });
+
+  test(`${adapter.name}: pause --now, SIGKILL right after it is committed while the cell runs: the next owner records the stopped cell once, stays paused, never re-runs it`, async () => {
+    const c = makeCase(adapter, "pause-now-committed", [cmdPatch(0, 1, GATED), concludePatch(1, 2, "failure", "cell 1 was stopped by the pause")]);
+    const owner = run(c, { CAIRN_CHAOS_KILL_AT: "steer:committed" });
+    await until("the cell to run", () => (c.effect() === 1 ? true : undefined), 120_000);
+    const paused = await c.cairn(["pause", "--session", "s1", "--now", "--reason", "stop it"], "cli");
+    assert.equal(paused.code, 0, said(paused));
+    const killed = await owner.result;
+    assert.equal(killed.signal, "SIGKILL", said(killed));
+    let log = await c.log();
+    const pause = ofKind(log, "run_paused");
+    assert.equal(pause.length, 1, `the pause is committed before the kill:\n${brief(log)}`);
+    assert.equal(pause[0]!.body.now, true);
+
+    const next = resume(c, "owner2");
+    await until("the next owner to record the stopped cell", () => c.logged("execution_finished"), 120_000);
+    const status = await c.cairn(["status", "--json"], "cli");
+    assert.equal((JSON.parse(status.stdout) as { sessions: { status: string }[] }).sessions[0]!.status, "paused", said(status));
+    const unpaused = await c.cairn(["unpause", "--session", "s1"], "cli");
+    assert.equal(unpaused.code, 0, said(unpaused));
+    const done = await next.result;
+    assert.equal(done.code, 1, said(done));
+    log = await c.log();
+    const [p] = seqOf(log, "run_paused");
+    const [u] = seqOf(log, "run_unpaused");
+    assert.equal(roundsBetween(log, p!, u!), 0, `no round while paused:\n${brief(log)}`);
+    const fins = ofKind(log, "execution_finished");
+    assert.equal(fins.length, 1, `the stopped cell is recorded once:\n${brief(log)}`);
+    assert.equal(fins[0]!.body.result, "UnknownExecution");
+    assert.equal(ofKind(log, "execution_started").length, 1, "never re-run");
+    assert.equal(c.effect(), 1);
+    assert.match(ofKind(log, "run_ended")[0]!.body.reason, /the model concluded failure/);
+  });
+
+  test(`${adapter.name}: unpause, SIGKILL right after it is committed: the next owner goes on (asks the model again) without a second unpause`, async () => {
+    const c = makeCase(adapter, "unpause-committed", [cmdPatch(0, 1, GATED), concludePatch(1, 2, "success", "cell 1 ran")]);
+    const owner = run(c, { CAIRN_CHAOS_KILL_AT: "steer:committed@2" });
+    await until("the cell to run", () => (c.effect() === 1 ? true : undefined), 120_000);
+    const paused = await c.cairn(["pause", "--session", "s1"], "cli");
+    assert.equal(paused.code, 0, said(paused));
+    writeFileSync(join(c.work, "release"), "");
+    await until("the cell to finish while paused", () => c.logged("execution_finished"), 120_000);
+    const unpaused = await c.cairn(["unpause", "--session", "s1", "--reason", "go on"], "cli");
+    assert.equal(unpaused.code, 0, said(unpaused));
+    const killed = await owner.result;
+    assert.equal(killed.signal, "SIGKILL", said(killed));
+    let log = await c.log();
+    assert.equal(ofKind(log, "run_unpaused").length, 1, `the unpause is committed before the kill:\n${brief(log)}`);
+    assert.equal(ofKind(log, "run_ended").length, 0, "killed before the run went on");
+
+    const done = await resume(c, "owner2").result;
+    assert.equal(done.code, 0, said(done));
+    log = await c.log();
+    const [p] = seqOf(log, "run_paused");
+    const [u] = seqOf(log, "run_unpaused");
+    assert.equal(roundsBetween(log, p!, u!), 0, `no round while paused:\n${brief(log)}`);
+    assert.ok(roundsBetween(log, u!, Number.MAX_SAFE_INTEGER) >= 1, `the model is asked again after the unpause:\n${brief(log)}`);
+    assert.equal(ofKind(log, "run_unpaused").length, 1, "one unpause");
+    assert.equal(ofKind(log, "execution_finished")[0]!.body.result, "success", "the cell finished while paused");
+    assert.equal(ofKind(log, "execution_started").length, 1, "never re-run");
+    assert.equal(c.effect(), 1);
+    assert.equal(ofKind(log, "run_ended")[0]!.body.result, "success");
   });
 
   test(`${adapter.name}: cancel, SIGKILL right after it is committed while a cell runs: the next owner records the cell cancelled, cancels the queued one, ends the run cancelled`, async () => {
