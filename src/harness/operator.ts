@@ -71,13 +71,18 @@ export async function startPending(storage: Storage, name: string, session: stri
   }
 }
 
-/** Whether a live process owns `name` now (always "maybe" on an adapter without leases: true). */
+/**
+ * Whether a live process may own `name` now: false only when its lease says nobody does. An adapter
+ * without leases, or a lease that cannot be read, is a "maybe" (true): the caller then follows the
+ * log for the owner's answer and says "unconfirmed" if none comes, rather than claiming that the
+ * request waits for an owner that may be working on it.
+ */
 export async function ownerLive(storage: Storage, name: string): Promise<boolean> {
   if (storage.leases === undefined) return true;
   try {
     return (await storage.leases.read(name))?.live === true;
   } catch {
-    return false;
+    return true;
   }
 }
 

@@ -371,3 +371,24 @@ describe("approval gates", () => {
     }
   });
 });
+
+describe("an operator's request when the owner lease cannot be read", () => {
+  it("is followed in the log (an owner may be working on it), not reported as waiting for an owner", async () => {
+    const { ownerLive } = await import("../../src/harness/operator.js");
+    const base = createMemoryStorage();
+    const unreadable: Storage = Object.assign(Object.create(base) as Storage, {
+      leases: {
+        ttlMs: 10_000,
+        read: () => Promise.reject(new Error("the lease store is unreachable")),
+        acquire: () => Promise.reject(new Error("unused")),
+        enqueue: () => Promise.reject(new Error("unused")),
+      },
+    });
+    assert.equal(await ownerLive(unreadable, "db"), true, "unknown is a maybe");
+    const free: Storage = Object.assign(Object.create(base) as Storage, { leases: { ...unreadable.leases!, read: () => Promise.resolve(null) } });
+    assert.equal(await ownerLive(free, "db"), false, "no lease: no live owner");
+    const dead: Storage = Object.assign(Object.create(base) as Storage, { leases: { ...unreadable.leases!, read: () => Promise.resolve({ owner: { host: "h", pid: 1, since: "", epoch: 1, role: "serve" }, live: false }) } });
+    assert.equal(await ownerLive(dead, "db"), false, "an expired lease: no live owner");
+    await base.close();
+  });
+});
