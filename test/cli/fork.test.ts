@@ -130,4 +130,27 @@ function forkThroughCli(adapter: Adapter): void {
 describe("cairn fork through the CLI", { timeout: 900_000 }, () => {
   forkThroughCli(sqlite);
   forkThroughCli(replicated);
+
+  it("sqlite: with no live owner the fork waits in the mailbox, and the next owner makes it before anything else and drives it", async () => {
+    const work = join(t.dir, "waiting-work");
+    mkdirSync(work, { recursive: true });
+    const model = join(t.dir, "waiting-model.json");
+    writeFileSync(model, JSON.stringify({ rounds: [cmdRound(0, 1, ["sh", "-c", "echo ran >> effect.txt"]), concludeRound(1, 2, "end")].map((patch) => ({ patch })) }));
+    const flags = ["--db", "wt", ...sqlite.flags("cli")];
+    const first = await runCairn(["run", "a run that ends", ...flags, "--cwd", work, "--model", `scripted:${model}`], {}, 120_000);
+    assert.equal(first.code, 1, said(first));
+    const asked = await runCairn(["fork", "--session", "s1", "--at-round", "1", "--new-session", "again", ...flags], {}, 120_000);
+    assert.equal(asked.code, 0, said(asked));
+    assert.match(asked.stdout, /^cairn: the fork of run s1 after round 1 as run again waits in the mailbox: no live worker owns "wt" now/);
+    const resumed = await runCairn(["resume", ...flags, "--model", `scripted:${model}`], {}, 120_000);
+    assert.equal(resumed.code, 1, said(resumed));
+    const json = await runCairn(["log", "--json", ...flags], {}, 120_000);
+    const events = json.stdout.trim().split("\n").map((l) => JSON.parse(l) as { kind: string; session: string; seq: number; identity: string; body: Record<string, unknown> });
+    const claim = events.find((e) => e.kind === "owner_claimed" && (e.body.epoch as number) > 1)!;
+    const created = events.find((e) => e.kind === "session_created" && e.session === "again")!;
+    assert.ok(created.seq <= claim.seq + 1, "the fork is the next owner's first act");
+    const ended = events.find((e) => e.kind === "run_ended" && e.session === "again")!;
+    assert.equal(ended.body.reason, "the model concluded failure: end");
+    assert.equal(lines(join(work, "effect.txt")), 1, "cell 1 ran once, in the origin; the fork copied its result");
+  });
 });
