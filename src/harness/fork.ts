@@ -13,6 +13,7 @@ import type { LogEvent } from "../state/events.js";
 import { planFork, remainingUnits, type ForkUnit } from "../state/fork.js";
 import type { Database } from "../storage/contract.js";
 import type { HarnessCore } from "./core.js";
+import { checkUserSessionId, isAssignedId } from "./start-request.js";
 
 /** The mailbox `kind` of a fork request; the message's `session` is the new run's id. */
 export const FORK_KIND = "cairn.fork";
@@ -38,6 +39,8 @@ export type ForkResult = { readonly kind: "forked"; readonly copied: number } | 
  * errors (the request stays in the mailbox; the next drain or owner resumes it).
  */
 export async function performFork(core: HarnessCore, db: Pick<Database, "read">, fork: string, r: ForkRequest, begin: (session: string) => void): Promise<ForkResult> {
+  const bad = isAssignedId(fork) ? null : checkUserSessionId(fork);
+  if (bad !== null) return { kind: "refused", code: "invalid", message: `the fork's id is not valid: ${bad}` };
   const existing = core.session(fork);
   if (existing !== undefined) {
     if (existing.fork_of?.session !== r.origin || existing.fork_of.round !== r.at_round) {

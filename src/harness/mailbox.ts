@@ -8,6 +8,7 @@ import type { Database, PostedMessage } from "../storage/contract.js";
 import { START_REQUEST_KIND } from "./start-request.js";
 import { applySteer, STEER_KIND } from "./steer.js";
 import { FORK_KIND, ForkRequest, performFork } from "./fork.js";
+import { LogCorrupt } from "../state/reducer.js";
 import { SteerRequest } from "../state/steer.js";
 import { StorageRejected } from "../storage/errors.js";
 import { ConfigError } from "../errors.js";
@@ -197,7 +198,16 @@ export class MailboxDelivery {
       return;
     }
     const r = parsed.data;
-    const result = await performFork(this.host, this.db, m.session, r, this.begin);
+    let result: Awaited<ReturnType<typeof performFork>>;
+    try {
+      result = await performFork(this.host, this.db, m.session, r, this.begin);
+    } catch (err) {
+      // A log the plan cannot fold would refuse it again on every delivery: refuse it once, so that
+      // it does not hold up the requests behind it. Storage errors leave it for the next drain.
+      if (!(err instanceof LogCorrupt)) throw err;
+      this.host.logger.error({ err, session: m.session, origin: r.origin }, "a fork request cannot be planned");
+      result = { kind: "refused", code: "invalid", message: `the fork cannot be made: ${err.message}` };
+    }
     if (result.kind !== "refused") return;
     this.host.logger.warn({ session: m.session, origin: r.origin, id: m.id }, `refused a fork request: ${result.message}`);
     // The refusal is recorded on a run that exists: the origin, or the run already holding the id.
