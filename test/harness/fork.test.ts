@@ -188,8 +188,17 @@ describe("fork a run (memory adapter, one process)", () => {
         const zero = await forkRun(o.storage, "f", "b1", { atRound: 0, newSession: "z0" }, { waitMs: 60_000 });
         assert.equal(zero.status, "applied", zero.message);
         assert.equal(o.h.session("z0")!.fork_of?.session, "b1");
+        // A fork of a fork after a round it made itself: its model is told of its own origin.
+        await o.h.wait("b1");
+        const c2 = await forkRun(o.storage, "f", "b1", { atRound: 2, newSession: "c2" }, { waitMs: 60_000 });
+        assert.equal(c2.status, "applied", c2.message);
+        await o.h.wait("c2");
+        const firstOfC2 = o.model.calls.find((c) => c.state.id === "c2")!;
+        const toldC2 = firstOfC2.state.runtime.inbox.filter((ob) => ob.id === "control:fork");
+        assert.equal(toldC2.length, 1);
+        assert.equal((toldC2[0]!.payload as { origin: string }).origin, "b1");
         const log = await readLog(o.storage, "f");
-        assert.equal(log.filter((e) => e.kind === "fork_completed").length, 2);
+        assert.equal(log.filter((e) => e.kind === "fork_completed").length, 3);
       } finally {
         await o.h.close();
       }
