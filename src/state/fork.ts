@@ -176,7 +176,12 @@ export function planFork(events: readonly LogEvent[], spec: ForkSpec): ForkVerdi
  * the origin having recorded more of it in between, and the fork keeps what it recorded first.
  */
 export function remainingUnits(plan: ForkPlan, done: ReadonlySet<string>, finished: ReadonlySet<number>): ForkUnit[] {
-  return plan.units.filter((u) => !u.events.some((e) => done.has(e.identity)) && !(u.cell !== null && finished.has(u.cell)));
+  const rest = plan.units.filter((u) => !u.events.some((e) => done.has(e.identity)) && !(u.cell !== null && finished.has(u.cell)));
+  // `fork_completed` counts the copies the fork's log holds in the end: those committed before, and these.
+  const prefix = identity.forkCopy(plan.created.session, "");
+  let copied = [...done].filter((id) => id.startsWith(prefix)).length;
+  for (const u of rest) copied += u.events.filter((e) => e.identity.startsWith(prefix)).length;
+  return rest.map((u) => ({ ...u, events: u.events.map((e) => (e.kind === "fork_completed" ? { ...e, body: { copied } } : e)) }));
 }
 
 /** The result of an execution in flight at the cut whose result the origin had not recorded. */

@@ -184,6 +184,9 @@ test("a fork's State is its origin's after round N; in-flight cells end as the o
         const results = log.filter((e): e is NewEvent<"execution_finished"> => e.kind === "execution_finished").map((e) => e.body.cell_id);
         assert.equal(new Set(results).size, results.length, "one result per execution");
         assert.equal(new Set(log.map((e) => e.identity)).size, log.length, "no identity twice");
+        const stated = log.filter((e): e is NewEvent<"fork_completed"> => e.kind === "fork_completed");
+        assert.equal(stated.length, 1);
+        assert.equal(stated[0]!.body.copied, log.filter((e) => e.identity.startsWith(`fork:${fork}:`)).length, "fork_completed counts the copies in the fork's log");
         assert.deepEqual(without(f.state).cells, without(whole.session(fork)!.state).cells);
       }
       // A round beyond the run's is refused in a sentence.
