@@ -7,7 +7,7 @@
 import type { HarnessFaults } from "../harness/core.js";
 import { UsageError } from "./args.js";
 
-const POINTS = ["patch:committed", "execution:started-committed", "execution:exited", "model:response-committed", "effect:begun-committed", "effect:ended-committed", "steer:committed", "approval:requested", "cancel:cells-stopped"];
+const POINTS = ["patch:committed", "execution:started-committed", "execution:exited", "model:response-committed", "effect:begun-committed", "effect:ended-committed", "steer:committed", "approval:requested", "cancel:cells-stopped", "fork:batch-committed"];
 
 export function chaosFaults(env: NodeJS.ProcessEnv): HarnessFaults | undefined {
   const spec = env.CAIRN_CHAOS_KILL_AT;

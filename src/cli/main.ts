@@ -46,6 +46,7 @@ usage:
   cairn post --db NAME --session ID --id ID --kind KIND --payload JSON
   cairn pause|unpause|cancel --db NAME --session ID [--reason TEXT]       (pause --now stops the running cell)
   cairn approve|deny --db NAME --session ID --cell N [--reason TEXT]     (a cell waiting for approval)
+  cairn fork --db NAME --session ID --at-round N [--new-session NEW]    (a new run from round N's State)
   cairn serve --db NAME --model SPEC [--listen HOST:PORT] [--create] [--takeover]
   cairn ui --db NAME [--listen HOST:PORT]                               (the timeline page, read-only)
   cairn timer --id ID (--in DURATION | --at ISO-TIME) [--note TEXT]    (inside a running cell)
@@ -80,6 +81,8 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
       case "approve":
       case "deny":
         return await (await import("./steer.js")).steerCommand(command, rest, io);
+      case "fork":
+        return await (await import("./fork.js")).forkCommand(rest, io);
       case "serve":
         return await (await import("./serve.js")).serveCommand(rest, io);
       case "ui":
@@ -101,7 +104,7 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         io.out(USAGE);
         return command === undefined ? EXIT.usage : EXIT.ok;
       default:
-        throw new UsageError(`unknown command "${command}"; the commands are run, submit, resume, status, log, post, pause, unpause, cancel, approve, deny, serve, ui, timer, effect and cluster (see \`cairn --help\`).`);
+        throw new UsageError(`unknown command "${command}"; the commands are run, submit, resume, status, log, post, pause, unpause, cancel, approve, deny, fork, serve, ui, timer, effect and cluster (see \`cairn --help\`).`);
     }
   } catch (err) {
     const { code, message } = describeError(err);

@@ -27,7 +27,8 @@ export type HarnessFaultPoint =
   | "effect:ended-committed" // a cell's effect end is committed; the cell has not been answered
   | "steer:committed" // an operator's request (pause, cancel, approval...) is committed; nothing acted on it yet
   | "approval:requested" // a cell's approval request is committed; it waits
-  | "cancel:cells-stopped"; // a cancelled run's started cells are recorded; queued ones and the run's end are not
+  | "cancel:cells-stopped" // a cancelled run's started cells are recorded; queued ones and the run's end are not
+  | "fork:batch-committed"; // one batch of a fork's copy of its origin is committed; the copy is not complete
 export type HarnessFaults = (point: HarnessFaultPoint, detail: { session: string; cell?: number; turn?: string }) => void | Promise<void>;
 
 export interface HarnessCore {

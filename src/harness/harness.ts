@@ -111,7 +111,7 @@ export class Harness {
     this.timers = new TimerHousekeeping(this.core.timers, () => this.statusValue === "open");
     this.mailbox = new MailboxDelivery(this.core, db, (m) =>
       startRequested(m, { session: (id) => this.reducer.session(id), start: (o) => this.start({ ...o, cwd: this.submitCwd }), logger: this.logger }),
-    (deliver) => this.drivers.holding(deliver));
+    (deliver) => this.drivers.holding(deliver), (id) => this.drivers.begin(id));
   }
 
   /**

@@ -7,6 +7,8 @@ import { event, identity } from "../state/events.js";
 import type { Database, PostedMessage } from "../storage/contract.js";
 import { START_REQUEST_KIND } from "./start-request.js";
 import { applySteer, STEER_KIND } from "./steer.js";
+import { FORK_KIND, ForkRequest, performFork } from "./fork.js";
+import { LogCorrupt } from "../state/reducer.js";
 import { SteerRequest } from "../state/steer.js";
 import { StorageRejected } from "../storage/errors.js";
 import { ConfigError } from "../errors.js";
@@ -67,6 +69,8 @@ export class MailboxDelivery {
     private readonly onStart: ((m: PostedMessage) => Promise<void>) | null = null,
     /** Runs one batch's delivery (the harness holds the drivers of runs it starts until it ends). */
     private readonly around: (deliver: () => Promise<void>) => Promise<void> = (deliver) => deliver(),
+    /** Starts driving a run this delivery created (a fork, once its copy is complete). */
+    private readonly begin: (session: string) => void = () => undefined,
   ) {}
 
   /**
@@ -118,6 +122,12 @@ export class MailboxDelivery {
       if (m.kind === STEER_KIND) {
         // Before the full-inbox rule: an operator's request never waits behind observations.
         await this.steer(m);
+        if (!leftBehind) ackTo = m.mseq;
+        continue;
+      }
+      if (m.kind === FORK_KIND) {
+        // Acknowledged only once the copy is complete: an owner killed mid-copy leaves it to the next.
+        await this.fork(m);
         if (!leftBehind) ackTo = m.mseq;
         continue;
       }
@@ -178,6 +188,31 @@ export class MailboxDelivery {
       this.host.logger.warn({ session: m.session, id: m.id, code: verdict.code }, `refused an operator's request: ${verdict.message}`);
       await this.refused(m, verdict.code, verdict.message);
     }
+  }
+
+  /** A fork request (`cairn fork`): the copy is made, finished, or refused with a reason the requester sees on the origin. */
+  private async fork(m: PostedMessage): Promise<void> {
+    const parsed = ForkRequest.safeParse(m.payload);
+    if (!parsed.success) {
+      this.host.logger.warn({ session: m.session, id: m.id }, "dropped a malformed fork request from the mailbox");
+      return;
+    }
+    const r = parsed.data;
+    let result: Awaited<ReturnType<typeof performFork>>;
+    try {
+      result = await performFork(this.host, this.db, m.session, r, this.begin);
+    } catch (err) {
+      // A log the plan cannot fold would refuse it again on every delivery: refuse it once, so that
+      // it does not hold up the requests behind it. Storage errors leave it for the next drain.
+      if (!(err instanceof LogCorrupt)) throw err;
+      this.host.logger.error({ err, session: m.session, origin: r.origin }, "a fork request cannot be planned");
+      result = { kind: "refused", code: "invalid", message: `the fork cannot be made: ${err.message}` };
+    }
+    if (result.kind !== "refused") return;
+    this.host.logger.warn({ session: m.session, origin: r.origin, id: m.id }, `refused a fork request: ${result.message}`);
+    // The refusal is recorded on a run that exists: the origin, or the run already holding the id.
+    const on = this.host.session(r.origin) !== undefined ? r.origin : this.host.session(m.session) !== undefined ? m.session : null;
+    if (on !== null) await this.refused({ ...m, session: on }, result.code, result.message);
   }
 
   /** A message refused at drain time becomes an event the poster sees (`cairn status`, `post --wait`). */

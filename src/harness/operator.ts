@@ -9,7 +9,7 @@
  * Nothing is half-applied: a request is one mailbox message, and the owner commits what it does as
  * one atomic batch (src/state/steer.ts).
  */
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { parseLogEvent, identity, type LogEvent } from "../state/events.js";
 import type { Reducer } from "../state/reducer.js";
 import { steerEvents, type SteerRequest } from "../state/steer.js";
@@ -18,7 +18,8 @@ import { StorageRejected } from "../storage/errors.js";
 import { canonicalEqual } from "../state/canonical.js";
 import { loadProjection } from "../storage/snapshots.js";
 import { ConfigError, hasCode } from "../errors.js";
-import { START_REQUEST_KIND, startRequestId } from "./start-request.js";
+import { assignedSubmitId, checkUserSessionId, START_REQUEST_KIND, startRequestId } from "./start-request.js";
+import { FORK_KIND, type ForkRequest } from "./fork.js";
 import { STEER_KIND } from "./steer.js";
 
 /** What became of a request. */
@@ -117,6 +118,79 @@ export async function steerRun(storage: Storage, name: string, session: string, 
   return answer.kind === "post_refused"
     ? { status: "refused", message: `the owner refused the ${what}: ${(answer as LogEvent<"post_refused">).body.reason}`, request: id }
     : { status: "applied", message: `${what}: done`, request: id };
+}
+
+/** What `cairn fork` asks: fork after round `atRound`, as run `newSession` (default: an id Cairn assigns). */
+export interface ForkAsk {
+  readonly atRound: number;
+  readonly newSession?: string;
+  readonly reason?: string;
+}
+
+/** What became of a fork request, and the new run's id. */
+export interface ForkOutcome extends RequestOutcome {
+  readonly session: string;
+}
+
+/**
+ * Asks the owner of database `name` to fork run `session` after round `ask.atRound` into a new run
+ * (src/harness/fork.ts performs it; src/state/fork.ts says what the fork holds). `applied` once the
+ * copy is complete; `already` when that fork exists; `refused` at once, nothing posted, when what a
+ * reader sees refuses it (a round beyond the run's rounds, an id in use, an origin still being
+ * copied) or when the owner refused it. Without `newSession` the id is `s-` and 8 hex digits: drawn
+ * at random, or derived from `options.id` when given, so a retried request names the same run.
+ * Throws ConfigError for an unknown run or a malformed id, and the storage's errors.
+ */
+export async function forkRun(storage: Storage, name: string, session: string, ask: ForkAsk, options: RequestOptions = {}): Promise<ForkOutcome> {
+  const id = options.id ?? `fork-${randomBytes(6).toString("hex")}`;
+  checkRequestId(id);
+  if (!Number.isInteger(ask.atRound) || ask.atRound < 0) throw new ConfigError(`the round to fork after must be a whole number from 0, got ${ask.atRound}`);
+  const reason = ask.reason ?? "";
+  if (reason.length > 2000) throw new ConfigError("the reason is longer than 2000 characters");
+  const fork = ask.newSession ?? (options.id !== undefined ? `s-${createHash("sha256").update(`${name}\n${id}`).digest("hex").slice(0, 8)}` : assignedSubmitId());
+  if (ask.newSession !== undefined) {
+    const bad = checkUserSessionId(fork);
+    if (bad !== null) throw new ConfigError(bad.replace("--session", "the new run's id"));
+  }
+  const now = options.now ?? (() => new Date());
+  const r = await readProjection(storage, name);
+  const origin = r.session(session);
+  if (origin === undefined) throw new ConfigError(`run "${session}" does not exist in database "${name}".`);
+  const refused = (message: string): ForkOutcome => ({ status: "refused", message, request: id, session: fork });
+  const existing = r.session(fork);
+  if (existing !== undefined) {
+    if (existing.fork_of?.session === session && existing.fork_of.round === ask.atRound && existing.forming === null) return { status: "already", message: `run ${fork} is already the fork of run ${session} after round ${ask.atRound}`, request: id, session: fork };
+    if (existing.fork_of?.session !== session || existing.fork_of.round !== ask.atRound) return refused(`run ${fork} already exists in database "${name}"; choose another id for the fork`);
+  } else if (await startPending(storage, name, fork)) {
+    return refused(`a run ${fork} was submitted to database "${name}" and waits to start; choose another id for the fork`);
+  }
+  if (origin.forming !== null) return refused(`run ${session} is a fork still being copied; fork it once its copy is complete`);
+  const last = lastAcceptedRound(origin);
+  if (ask.atRound > last) return refused(`run ${session} has ${last} accepted round${last === 1 ? "" : "s"}; the round to fork after must be between 0 and ${last}`);
+  const payload: ForkRequest = { origin: session, at_round: ask.atRound, reason };
+  await postOnce(storage, name, { id, session: fork, kind: FORK_KIND, payload, at: now().toISOString() });
+  const what = `fork of run ${session} after round ${ask.atRound} as run ${fork}`;
+  if (!(await ownerLive(storage, name))) {
+    return { status: "waiting", message: `the ${what} waits in the mailbox: no live worker owns "${name}" now; the next owner makes it before its runs do anything`, request: id, session: fork };
+  }
+  const waitMs = options.waitMs ?? 30_000;
+  if (waitMs <= 0) return { status: "unconfirmed", message: `the ${what} was posted; its owner makes it`, request: id, session: fork };
+  const answer = await followUntil(storage, name, r, waitMs, (e) => (e.kind === "post_refused" && e.body.id === id) || e.identity === identity.forkCompleted(fork));
+  if (answer === null) return { status: "unconfirmed", message: `the ${what} was posted, but the owner did not complete it within ${Math.round(waitMs / 1000)} s; it stays in the mailbox until it is complete`, request: id, session: fork };
+  return answer.kind === "post_refused"
+    ? refused(`the owner refused the ${what}: ${(answer as LogEvent<"post_refused">).body.reason}`)
+    : { status: "applied", message: `${what}: done`, request: id, session: fork };
+}
+
+/**
+ * The last round of `s` with an accepted patch: a round stays open until a patch is accepted, so
+ * every round before the last prepared one was (old rounds may have left the projection's history;
+ * the owner checks the exact round against the log).
+ */
+function lastAcceptedRound(s: NonNullable<ReturnType<Reducer["session"]>>): number {
+  const last = [...s.turns.values()].find((t) => t.n === s.turn_count);
+  const decided = last !== undefined ? last.accepted !== null : s.open_turn === null;
+  return decided ? s.turn_count : s.turn_count - 1;
 }
 
 /**

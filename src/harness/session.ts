@@ -173,6 +173,9 @@ export class SessionDriver implements SessionContext {
   recover(): Promise<number> {
     // A resume is the operator saying the cause is fixed: a blocked run calls the model again.
     this.retryBlocked = true;
+    // A fork being copied holds its origin's started cells until their results are copied: they run
+    // (or ran) under the origin, and the fork's copier, not recovery, records what became of them.
+    if ((this.core.session(this.id)?.forming ?? null) !== null) return Promise.resolve(0);
     return this.executions.recover();
   }
 
