@@ -67,6 +67,7 @@ export async function performFork(core: HarnessCore, db: Pick<Database, "read">,
   }
   core.logger.info({ session: fork, origin: r.origin, round: r.at_round, copied, in_flight: plan.inFlight }, "fork complete");
   begin(fork);
+  core.metrics?.operatorRequest("fork");
   return { kind: "forked", copied };
 }
 

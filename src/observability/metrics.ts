@@ -44,8 +44,8 @@ const EXECUTION_KINDS: readonly ExecutionKind[] = ["script", "cmd"];
 const EXECUTION_RESULTS: readonly ExecutionResult[] = ["success", "error", "cancelled", "UnknownExecution"];
 const RUN_RESULTS: readonly RunResult[] = ["success", "failure", "cancelled"];
 /** What an operator asks of a run (the bounded label set of `cairn_operator_requests_total`). */
-export type OperatorAction = "pause" | "unpause" | "cancel" | "approve" | "deny";
-const OPERATOR_ACTIONS: readonly OperatorAction[] = ["pause", "unpause", "cancel", "approve", "deny"];
+export type OperatorAction = "pause" | "unpause" | "cancel" | "approve" | "deny" | "fork";
+const OPERATOR_ACTIONS: readonly OperatorAction[] = ["pause", "unpause", "cancel", "approve", "deny", "fork"];
 
 // A Record keyed by the union makes the compiler flag a RejectionCode added in admission.ts and missing here.
 const REJECTION_CODE_SET: Readonly<Record<RejectionCode, true>> = {
@@ -224,7 +224,7 @@ export class Metrics {
       help: "How long the longest-waiting cell has waited for a person's approval, in seconds (0 when none waits); feeds the approval alert.",
       registers,
     });
-    this.steerings = new Counter({ name: "cairn_operator_requests_total", help: "Operators' requests the owner applied, by action (pause, unpause, cancel, approve, deny).", labelNames: ["action"], registers });
+    this.steerings = new Counter({ name: "cairn_operator_requests_total", help: "Operators' requests the owner applied, by action (pause, unpause, cancel, approve, deny, fork).", labelNames: ["action"], registers });
     this.progress = new Gauge({ name: "cairn_last_progress_timestamp_seconds", help: "Unix time of the last committed progress (used by the run-stuck alert).", registers });
 
     // Start bounded label sets at 0, so increase()/rate() see the first event.

@@ -77,6 +77,7 @@ const cases: Case[] = [
   { method: "setApprovalsWaiting (count)", call: (m) => m.setApprovalsWaiting(3, 90), series: "cairn_approvals_waiting", expected: 3 },
   { method: "setApprovalsWaiting (oldest)", call: (m) => m.setApprovalsWaiting(3, 90), series: "cairn_approval_oldest_wait_seconds", expected: 90 },
   { method: "operatorRequest", call: (m) => m.operatorRequest("deny"), series: "cairn_operator_requests_total", labels: { action: "deny" }, expected: 1 },
+  { method: "operatorRequest (fork)", call: (m) => m.operatorRequest("fork"), series: "cairn_operator_requests_total", labels: { action: "fork" }, expected: 1 },
   { method: "lastProgress", call: (m) => m.lastProgress(1_700_000_000), series: "cairn_last_progress_timestamp_seconds", expected: 1_700_000_000 },
 ];
 
