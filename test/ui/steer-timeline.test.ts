@@ -9,6 +9,7 @@ import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { Harness } from "../../src/harness/harness.js";
+import { forkRun } from "../../src/harness/operator.js";
 import { TimelineBuilder } from "../../src/ui/timeline.js";
 import { parseLogEvent } from "../../src/state/events.js";
 import type { Storage } from "../../src/storage/contract.js";
@@ -93,6 +94,36 @@ describe("the timeline page shows an operator's steering", () => {
       assert.equal(b.view(s)!.cells[0]!.result, "cancelled");
       assert.ok(b.view(s)!.marks.some((m) => m.kind === "cancel" && m.text === "cancelled by an operator: wrong goal"));
       assert.equal(existsSync(join(t.dir, "never")), false);
+    } finally {
+      await h.close();
+    }
+  });
+
+  it("a fork shows where it comes from, then its copy done, beside its untouched origin", async () => {
+    const storage = createMemoryStorage();
+    // The origin: round 1 runs a cell, round 2 concludes. The fork (after round 1) concludes too.
+    const h = await Harness.open({ storage, name: "tf", model: scripted([adds(0, 1, [cmd("true")]), adds(1, 2, [conclude("success", "done")]), adds(1, 2, [conclude("failure", "forked")])]), workDir: t.dir, limits: fast });
+    try {
+      const b = new TimelineBuilder();
+      const from = { seq: 0 };
+      const s = await h.start({ goal: "g", cwd: t.dir });
+      await h.wait(s);
+      await follow(storage, "tf", b, from);
+      const originMarks = b.view(s)!.marks.map((m) => m.kind);
+
+      const out = await forkRun(storage, "tf", s, { atRound: 1, newSession: "again", reason: "try another way" }, { waitMs: 60_000 });
+      assert.equal(out.status, "applied", out.message);
+      await h.wait("again");
+      const headers = await follow(storage, "tf", b, from);
+      const header = headers.find((x) => x.id === "again");
+      assert.ok(header !== undefined, "the page is sent the fork's header");
+      assert.deepEqual(header.fork_of, { session: s, round: 1 });
+      const marks = b.view("again")!.marks;
+      assert.equal(marks[0]!.kind, "fork");
+      assert.equal(marks[0]!.text, `forked from run ${s} after round 1`);
+      assert.match(marks.find((m, i) => i > 0 && m.kind === "fork")!.text, new RegExp(`^fork ready \\(\\d+ events copied from run ${s}\\)$`));
+      assert.deepEqual(b.view("again")!.cells.map((c) => [c.id, c.result]), [[1, "success"]], "the origin's cell, as it ran there");
+      assert.deepEqual(b.view(s)!.marks.map((m) => m.kind), originMarks, "the origin is untouched");
     } finally {
       await h.close();
     }
