@@ -38,7 +38,7 @@
 import { z } from "zod";
 import type { OwnerInfo } from "../../src/storage/contract.js";
 
-/** A generation is rolled over once it holds this many records (about an hour of one holder and one standby at the default lease). */
+/** A generation is rolled over once it holds this many records (about half an hour of one holder and one standby at the default lease). */
 export const ROLL_RECORDS = 1000;
 
 /** The stream of generation `g` of database `name`'s lease, and the generations' index. */

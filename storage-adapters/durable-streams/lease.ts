@@ -15,10 +15,10 @@
  * the stream back up to its record. Waiters queue with `queue` records and renew their place; a free
  * lease goes to the oldest live waiter.
  *
- * Bounded: a generation holds at most ROLL_RECORDS records, then the holder appends `moved` and closes
- * it in one request, every reader computes the same `carry` for the next generation (whoever creates
- * it first, its content is the same), the index gets one record, and the generation before the
- * previous one is deleted.
+ * Bounded: a generation holds about ROLL_RECORDS records, then the holder appends `moved` and closes
+ * it in one request, creates the next generation and appends its `carry` (every reader computes the
+ * same carry from the closed generation, so a follower can supply it when the holder died mid-roll),
+ * the index gets one record, and the generation before the previous one is deleted.
  */
 import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
@@ -40,7 +40,11 @@ class LeaseLog {
   state: LeaseState = emptyState();
   /** When this process observed each token's latest record (performance.now()). */
   private readonly seen = new Map<string, number>();
+  /** When this process first observed each token. */
+  private readonly first = new Map<string, number>();
   readonly lock = new Lock();
+  /** The tokens of the leases this process holds. */
+  readonly mine = new Set<string>();
   /** This process closed the current generation: it creates the next one at once. */
   private rolling = false;
   /** The carry of the current generation, as this process read the previous one's end (until appended). */
@@ -53,6 +57,13 @@ class LeaseLog {
     readonly name: string,
     private readonly ttlMs: number,
   ) {}
+
+  /** Whether this process has seen `k` write again since it first saw it (else its renewals may have stopped long ago). */
+  confirmed(k: string): boolean {
+    const first = this.first.get(k);
+    const at = this.seen.get(k);
+    return first !== undefined && at !== undefined && at > first;
+  }
 
   /** Whether `e` is live as this process sees it now. */
   live(e: Entry): boolean {
@@ -111,9 +122,16 @@ class LeaseLog {
   private apply(r: LeaseRecord): void {
     const { seen, gone } = applyLease(this.state, r);
     const now = performance.now();
-    for (const k of gone) this.seen.delete(k);
+    for (const k of gone) {
+      this.seen.delete(k);
+      this.first.delete(k);
+    }
     // A carry renews nothing: a token keeps the time it was last seen writing.
-    for (const k of seen) if (r.t !== "carry" || !this.seen.has(k)) this.seen.set(k, now);
+    for (const k of seen) {
+      if (r.t === "carry" && this.seen.has(k)) continue;
+      if (!this.first.has(k)) this.first.set(k, now);
+      this.seen.set(k, now);
+    }
   }
 
   /**
@@ -125,8 +143,11 @@ class LeaseLog {
   private async follow(g: number, carry: Extract<LeaseRecord, { t: "carry" }>): Promise<void> {
     const path = leaseStream(this.name, g);
     const end = performance.now() + this.ttlMs;
+    // The holder never waits (only a holder rolls: when the roller is gone, the holder is too, unless
+    // it is this process, whose lease must not run out while it waits).
+    const now = this.rolling || (carry.holder !== null && this.mine.has(carry.holder.k));
     let exists = false;
-    while (!this.rolling && !(exists = await this.wire.exists(path)) && performance.now() < end) await sleep(Math.min(200, this.ttlMs / 10));
+    while (!now && !(exists = await this.wire.exists(path)) && performance.now() < end) await sleep(Math.min(200, this.ttlMs / 10));
     if (!exists) await this.wire.create(path);
     this.enter(g, carry);
   }
@@ -215,12 +236,22 @@ export function durableStreamsLeases(wire: Wire, ttlMs: number, rollRecords = RO
 
     async read(name: string): Promise<LeaseView | null> {
       const log = logOf(name);
-      return failing(name, "reading", () =>
-        log.lock.run(async () => {
-          if ((await log.sync(false)) === "none" || log.state.holder === null) return null;
-          return { owner: log.state.holder.o, live: log.live(log.state.holder) };
-        }),
-      );
+      // A holder this process has seen write only once may have stopped renewing long ago: it is
+      // shown live once a renewal of it is seen, and not live when none comes within two renewal
+      // periods (`acquire` still waits the whole lease for it).
+      const end = performance.now() + (ttlMs * 2) / 3 + 100;
+      for (;;) {
+        const view = await failing(name, "reading", () =>
+          log.lock.run(async (): Promise<{ view: LeaseView | null; sure: boolean }> => {
+            if ((await log.sync(false)) === "none" || log.state.holder === null) return { view: null, sure: true };
+            const h = log.state.holder;
+            const sure = log.confirmed(h.k) || !log.live(h) || performance.now() > end;
+            return { view: { owner: h.o, live: log.live(h) && (log.confirmed(h.k) || log.mine.has(h.k)) }, sure: sure || log.mine.has(h.k) };
+          }),
+        );
+        if (view.sure) return view.view;
+        await sleep(Math.min(200, ttlMs / 10));
+      }
     },
 
     async acquire(name: string, owner: OwnerInfo, options: { readonly force?: boolean; readonly ticket?: LeaseTicket } = {}): Promise<HeldLease | null> {
@@ -316,6 +347,7 @@ class DsHeldLease implements HeldLease {
     // The take itself was sent before it was read back: counting from now is later than its sending
     // by that round trip, which the quarter-lease margin covers.
     this.ackedSentAt = performance.now();
+    log.mine.add(k);
     this.arm();
     this.timer = setInterval(() => void this.renew(), Math.max(50, Math.floor(ttlMs / 3)));
     this.timer.unref();
@@ -368,6 +400,7 @@ class DsHeldLease implements HeldLease {
   }
 
   private stopTimers(): void {
+    this.log.mine.delete(this.k);
     if (this.timer !== null) clearInterval(this.timer);
     if (this.watchdog !== null) clearTimeout(this.watchdog);
     this.timer = null;

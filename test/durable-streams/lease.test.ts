@@ -14,6 +14,7 @@ import { describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { HeldLease, OwnerInfo, Storage } from "../../src/storage/contract.js";
 import { createDurableStreamsStorage } from "../../storage-adapters/durable-streams/index.js";
+import { applyLease, emptyState, type LeaseRecord } from "../../storage-adapters/durable-streams/lease-fold.js";
 import { REPO } from "../../chaos/support/cli.js";
 import { devServer } from "./helpers.js";
 
@@ -23,8 +24,9 @@ const me = (role: string): OwnerInfo => ({ host: hostname(), pid: process.pid, s
 async function child(url: string, code: string): Promise<{ pid: number; freeze: () => void; kill: () => Promise<void> }> {
   const script = `
     const { createDurableStreamsStorage } = await import("./storage-adapters/durable-streams/index.ts");
-    const s = createDurableStreamsStorage({ url: ${JSON.stringify(url)}, leaseMs: 1000 });
-    const me = { host: (await import("node:os")).hostname(), pid: process.pid, since: new Date().toISOString(), epoch: null, role: "serve" };
+    const s = createDurableStreamsStorage({ url: ${JSON.stringify(url)}, leaseMs: 2000 });
+    // Another host's name: its liveness is judged by its renewals alone, never by its pid.
+    const me = { host: "elsewhere", pid: process.pid, since: new Date().toISOString(), epoch: null, role: "serve" };
     ${code}
     process.stdout.write("ready\\n");
     setInterval(() => undefined, 1000);
@@ -63,7 +65,7 @@ async function eventually<T>(what: string, attempt: () => Promise<T | null>, lim
 describe("owner leases on durable-streams", { timeout: 300_000 }, () => {
   const storages: Storage[] = [];
   const storage = (url: string, extra: { leaseRollRecords?: number } = {}): Storage => {
-    const s = createDurableStreamsStorage({ url, leaseMs: 1000, ...extra });
+    const s = createDurableStreamsStorage({ url, leaseMs: 2000, ...extra });
     storages.push(s);
     return s;
   };
@@ -151,6 +153,7 @@ describe("owner leases on durable-streams", { timeout: 300_000 }, () => {
     const holder = await child(server.url, `await s.leases.acquire("f1", me);`);
     try {
       assert.equal((await a.read("f1"))?.live, true);
+      assert.equal((await storage(server.url).leases!.read("f1"))?.live, true, "a process that starts now reads the renewing holder as live");
       const ticket = await a.enqueue("f1", me("serve"));
       assert.equal(await a.acquire("f1", me("serve"), { ticket }), null, "the live holder keeps it");
       holder.freeze();
@@ -159,6 +162,14 @@ describe("owner leases on durable-streams", { timeout: 300_000 }, () => {
     } finally {
       await holder.kill();
     }
+    const dead = await child(server.url, `await s.leases.acquire("f3", me);`);
+    await dead.kill();
+    const fresh = storage(server.url).leases!;
+    const view = await fresh.read("f3");
+    assert.equal(view?.owner.host, "elsewhere");
+    assert.equal(view?.live, false, "a process that starts after the holder died sees no renewal: not live");
+    const late = await eventually("the dead holder's lease to run out", () => fresh.acquire("f3", me("serve")));
+    await late.release();
 
     const held = (await a.acquire("f2", me("serve")))!;
     const lost = new Promise<string>((r) => held.onLost(r));
@@ -203,6 +214,49 @@ describe("owner leases on durable-streams", { timeout: 300_000 }, () => {
     const after = await newcomer.acquire("r1", me("serve"));
     assert.ok(after, "a released lease is free at once");
     await after.release();
+  });
+
+  it("a generation closed by a roller that died before making the next: a follower makes it (with the carry), and the holder keeps its lease", async () => {
+    const server = await devServer("lease-roller-died");
+    const a = storage(server.url).leases!;
+    const held = (await a.acquire("d1", me("serve")))!;
+    const lost: string[] = [];
+    held.onLost((why) => lost.push(why));
+    // What a roller that died right after closing generation 0 leaves: `moved` and a closed stream, no generation 1.
+    const moved = await fetch(`${server.url}/d1/lease/0`, { method: "POST", headers: { "content-type": "application/json", "stream-closed": "true" }, body: JSON.stringify({ v: 1, t: "moved", to: 1 }) });
+    assert.equal(moved.status, 204);
+    const b = storage(server.url).leases!;
+    const view = await b.read("d1");
+    assert.equal(view?.owner.pid, process.pid, "the holder is carried over to generation 1");
+    assert.equal(await b.acquire("d1", me("serve")), null, "and still holds it");
+    const gen1 = (await (await fetch(`${server.url}/d1/lease/1?offset=-1`)).json()) as { t: string }[];
+    assert.ok(gen1.some((r) => r.t === "carry"), "generation 1 starts with the carry a follower supplied");
+    // The holder renews in generation 1 and keeps its lease.
+    await sleep(3000);
+    assert.deepEqual(lost, []);
+    assert.equal((await storage(server.url).leases!.read("d1"))?.live, true);
+    await held.release();
+  });
+
+  it("the fold: records that landed before a generation's carry count after it; a second carry changes nothing", () => {
+    const owner = me("serve");
+    const carry: LeaseRecord = { v: 1, t: "carry", holder: { k: "h", o: owner, l: 1000 }, queue: [{ k: "w1", o: owner, l: 1000 }] };
+    const early: [LeaseRecord, LeaseRecord] = [
+      { v: 1, t: "queue", k: "w2", o: owner, l: 1000 },
+      { v: 1, t: "take", k: "t", o: owner, l: 1000, prev: "h", force: false, w: "w1" },
+    ];
+    const fold = (records: readonly LeaseRecord[]) => {
+      const st = emptyState(false);
+      for (const r of records) applyLease(st, r);
+      return { holder: st.holder?.k ?? null, queue: st.queue.map((e) => e.k), records: st.records };
+    };
+    const carriedFirst = fold([carry, ...early]);
+    assert.deepEqual(carriedFirst, { holder: "t", queue: ["w2"], records: 3 });
+    assert.deepEqual(fold([...early, carry]), carriedFirst, "the same wherever the carry landed");
+    assert.deepEqual(fold([early[0], carry, early[1], carry]), { ...carriedFirst, records: 4 }, "a second copy of the carry changes nothing");
+    const st = emptyState(false);
+    applyLease(st, early[1]);
+    assert.equal(st.holder, null, "nothing counts before the carry");
   });
 
   it("closes the storages", async () => {
