@@ -259,6 +259,7 @@ export function durableStreamsLeases(wire: Wire, ttlMs: number, rollRecords = RO
       const ticket = options.ticket instanceof DsTicket ? options.ticket : undefined;
       const force = options.force === true;
       const k = randomUUID();
+      let sentAt = 0;
       const taken = await failing(name, "taking", () =>
         log.lock.run(async () => {
           await log.sync(true);
@@ -268,6 +269,7 @@ export function durableStreamsLeases(wire: Wire, ttlMs: number, rollRecords = RO
             const first = log.state.queue.find((e) => log.live(e));
             if (first !== undefined && first.k !== ticket?.k) return false;
           }
+          sentAt = performance.now();
           await log.append({ v: 1, t: "take", k, o: owner, l: ttlMs, prev: holder?.k ?? null, force, ...(ticket ? { w: ticket.k } : {}) });
           // Read back past the record: the stream's order says whether this take is the valid one.
           await log.sync(true);
@@ -276,7 +278,7 @@ export function durableStreamsLeases(wire: Wire, ttlMs: number, rollRecords = RO
       );
       if (!taken) return null;
       await ticket?.stop();
-      return new DsHeldLease(log, k, ttlMs, rollRecords);
+      return new DsHeldLease(log, k, ttlMs, rollRecords, sentAt);
     },
 
     async enqueue(name: string, owner: OwnerInfo): Promise<LeaseTicket> {
@@ -343,10 +345,10 @@ class DsHeldLease implements HeldLease {
     private readonly k: string,
     private readonly ttlMs: number,
     private readonly rollRecords: number,
+    takeSentAt: number,
   ) {
-    // The take itself was sent before it was read back: counting from now is later than its sending
-    // by that round trip, which the quarter-lease margin covers.
-    this.ackedSentAt = performance.now();
+    // Counted from when the take was sent: no reader saw it earlier.
+    this.ackedSentAt = takeSentAt;
     log.mine.add(k);
     this.arm();
     this.timer = setInterval(() => void this.renew(), Math.max(50, Math.floor(ttlMs / 3)));
