@@ -140,7 +140,7 @@ export async function chooseStorage(p: Parsed, command: string, env: NodeJS.Proc
     if (url === "") throw new UsageError(`cairn ${command}: --storage durable-streams needs the base URL of its streams: pass --url http://HOST:PORT/v1/stream or set CAIRN_DS_URL.`);
     const { createDurableStreamsStorage } = await import("../../storage-adapters/durable-streams/index.js");
     // A malformed URL is a ConfigError naming the option (exit 2).
-    const storage = createDurableStreamsStorage({ url, ...faults });
+    const storage = createDurableStreamsStorage({ url, ...faults, ...(leaseMs !== undefined ? { leaseMs } : {}) });
     return { storage, adapter: storage.adapter, dataDir, describe: `durable-streams at ${url}` };
   }
   throw new UsageError(`cairn ${command}: --storage expects memory, sqlite, replicated or durable-streams, got "${kind}".`);

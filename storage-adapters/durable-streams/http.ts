@@ -165,6 +165,21 @@ export class Wire {
   }
 
   /**
+   * Appends one message without producer headers (the owner lease's records: lease.ts); with `close`,
+   * the same request closes the stream after it. "closed": the stream was closed before (nothing written).
+   */
+  async appendPlain(path: string, body: string, options: { close?: boolean } = {}, signal?: AbortSignal): Promise<"appended" | "closed" | "not-found"> {
+    const headers: Record<string, string> = { "content-type": JSON_TYPE };
+    if (options.close === true) headers["stream-closed"] = "true";
+    const res = await this.send(path, { method: "POST", headers, body }, signal);
+    await drain(res);
+    if (res.status === 200 || res.status === 204) return "appended";
+    if (res.status === 409 && res.headers.get("stream-closed") === "true") return "closed";
+    if (res.status === 404 || res.status === 410) return "not-found";
+    throw new DsProtocolError(`POST ${path} answered an unexpected ${res.status}`);
+  }
+
+  /**
    * Reads the messages after `offset` (START for the beginning). `live` makes it a long-poll: the
    * server answers when data arrives or its own timeout passes ("timeout").
    */

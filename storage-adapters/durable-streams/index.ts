@@ -12,8 +12,9 @@
  * adapter relies on from the server, and what happens on one that does not provide it:
  * docs/durable-streams.md.
  *
- * No owner lease yet (`Database.lease` and `Storage.leases` are absent, as on the memory adapter):
- * safety is the producer epoch alone.
+ * Owner leases (`Storage.leases`, for standby workers: lease.ts) are liveness only; safety is the
+ * producer epoch alone. There is no `Database.lease` (the self-fencing liveness lease of the sqlite and
+ * replicated adapters): an owner that loses its owner lease is stopped by the CLI (src/cli/owner.ts).
  */
 import { ConfigError } from "../../src/errors.js";
 import type { LogEvent } from "../../src/state/events.js";
@@ -27,6 +28,7 @@ import { MailView } from "./mailbox.js";
 import { pendingMessages } from "./mail-fold.js";
 import { contextOf, type DsContext, type DurableStreamsOptions } from "./options.js";
 import { openDatabase } from "./open.js";
+import { durableStreamsLeases } from "./lease.js";
 import { CATALOG, catalogName, streamsOf } from "./records.js";
 import { cutOf, SnapshotIndex, startBoundary, storedOf } from "./snapshots.js";
 
@@ -63,6 +65,7 @@ export function createDurableStreamsStorage(options: DurableStreamsOptions): Sto
 
   return {
     adapter: ADAPTER,
+    leases: durableStreamsLeases(ctx.wire, ctx.leaseMs, ctx.leaseRollRecords),
 
     async open(name: string, openOptions: OpenOptions = {}): Promise<Database> {
       checkDatabaseName(name);

@@ -5,7 +5,11 @@
 import { ConfigError } from "../../src/errors.js";
 import type { FaultHook } from "../../src/storage/contract.js";
 import { Wire } from "./http.js";
+import { ROLL_RECORDS } from "./lease-fold.js";
 import { PRODUCER_ID } from "./records.js";
+
+/** The owner lease's default length (as `cairn serve --lease`'s). */
+export const DEFAULT_LEASE_MS = 10_000;
 
 export interface DurableStreamsOptions {
   /**
@@ -25,6 +29,13 @@ export interface DurableStreamsOptions {
   readonly outageMs?: number;
   /** The client-side bound of one long-poll; the server usually answers sooner (default 60 000 ms). */
   readonly longPollTimeoutMs?: number;
+  /**
+   * The owner lease's length (default 10 000 ms, at least 1000): a standby takes over at most about
+   * this long after the owner stopped renewing (lease.ts).
+   */
+  readonly leaseMs?: number;
+  /** Records per owner-lease generation before it is rolled over (default ROLL_RECORDS; tests set it low). */
+  readonly leaseRollRecords?: number;
 }
 
 /** What the parts of one Storage share. */
@@ -34,6 +45,8 @@ export interface DsContext {
   readonly faults: FaultHook | undefined;
   readonly outageMs: number;
   readonly producerId: string;
+  readonly leaseMs: number;
+  readonly leaseRollRecords: number;
 }
 
 function positive(name: string, value: number | undefined, fallback: number): number {
@@ -57,11 +70,15 @@ export function contextOf(options: DurableStreamsOptions): DsContext {
   const url = parsed.toString().replace(/\/+$/, "");
   const requestTimeoutMs = positive("requestTimeoutMs", options.requestTimeoutMs, 10_000);
   const longPollTimeoutMs = positive("longPollTimeoutMs", options.longPollTimeoutMs, 60_000);
+  const leaseMs = positive("leaseMs", options.leaseMs, DEFAULT_LEASE_MS);
+  if (leaseMs < 1000) throw new ConfigError(`durable-streams storage: leaseMs must be at least 1000 ms, got ${String(leaseMs)}.`);
   return {
     url,
     wire: new Wire(url, { requestTimeoutMs, longPollTimeoutMs }),
     faults: options.faults,
     outageMs: positive("outageMs", options.outageMs, 30_000),
     producerId: PRODUCER_ID,
+    leaseMs: Math.round(leaseMs),
+    leaseRollRecords: Math.max(2, Math.floor(positive("leaseRollRecords", options.leaseRollRecords, ROLL_RECORDS))),
   };
 }
