@@ -1,6 +1,7 @@
 /**
  * A fork's copy survives a SIGKILL of its owner: a real `cairn serve` owns the database (sqlite, then
- * the replicated adapter on a 3-member etcd cluster the file starts) and kills itself right after the
+ * a 3-member etcd cluster, then Durable Streams; servers started by chaos/support/adapters.ts) and
+ * kills itself right after the
  * second batch of a fork's copy is committed (CAIRN_CHAOS_KILL_AT=fork:batch-committed@2). The origin
  * is big enough for several batches (41 rounds, each with a cell) and its last cell is still running
  * when the fork is asked for.
@@ -17,7 +18,7 @@ import assert from "node:assert/strict";
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { after, before, describe, test } from "node:test";
+import { after, describe, test } from "node:test";
 import { cleanupProcesses, describe as said, runCairn, startCairn } from "./support/cli.js";
 import { effectLines } from "./support/checks.js";
 import { brief, ofKind, readAll } from "./support/log.js";
@@ -25,10 +26,7 @@ import { cmdPatch, concludePatch, writeScript } from "./support/patches.js";
 import { until } from "./support/procs.js";
 import type { LogEvent } from "../src/state/events.js";
 import { reduce } from "../src/state/reducer.js";
-import type { Storage } from "../src/storage/contract.js";
-import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
-import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
-import { startDevCluster, type DevCluster } from "../src/cli/devcluster/index.js";
+import { adapters, type ChaosAdapter } from "./support/adapters.js";
 import { exitAfterTests } from "../test/support/exit.js";
 
 const root = mkdtempSync(join(tmpdir(), "cairn-chaos-fork-"));
@@ -36,24 +34,8 @@ const ROUNDS = 40;
 /** The last cell: appends its line, then runs until `release` appears (or 60 s). */
 const GATED = ["sh", "-c", "echo ran >> effect.txt; i=0; while [ ! -e release ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"];
 
-interface Adapter {
-  readonly name: "sqlite" | "replicated";
-  flags(dir: string, role: string): string[];
-  storage(dir: string): Storage;
-}
-let cluster: DevCluster | null = null;
-const sqlite: Adapter = {
-  name: "sqlite",
-  flags: (dir) => ["--data-dir", join(dir, "data")],
-  storage: (dir) => createSqliteStorage({ dataDir: join(dir, "data") }),
-};
-const replicated: Adapter = {
-  name: "replicated",
-  flags: (dir, role) => ["--storage", "replicated", "--etcd", cluster!.endpoints.join(","), "--data-dir", join(dir, `data-${role}`)],
-  storage: (dir) => createReplicatedStorage({ endpoints: cluster!.endpoints, dataDir: join(dir, `data-check-${Date.now()}`) }),
-};
 
-function forkKill(adapter: Adapter): void {
+function forkKill(adapter: ChaosAdapter): void {
   test(`${adapter.name}: the owner is SIGKILLed in the middle of a fork's copy; the next owner finishes it exactly once, re-running nothing`, async () => {
     const dir = join(root, adapter.name);
     const work = join(dir, "work");
@@ -135,16 +117,14 @@ function forkKill(adapter: Adapter): void {
 }
 
 describe("a fork's copy while its owner is SIGKILLed", { timeout: 1_800_000 }, () => {
-  before(async () => {
-    cluster = await startDevCluster({ dir: join(root, "etcd") });
-  });
+  const { sqlite, replicated, durableStreams } = adapters(root);
   after(async () => {
     cleanupProcesses();
-    await cluster?.stop();
     rmSync(root, { recursive: true, force: true });
   });
   describe("sqlite", () => forkKill(sqlite));
   describe("replicated", () => forkKill(replicated));
+  describe("durable-streams", () => forkKill(durableStreams));
 });
 
 exitAfterTests("chaos/fork-kill.test.ts");

@@ -1,7 +1,8 @@
 /**
  * An operator steers a run while its owner is SIGKILLed: real `cairn run` / `cairn resume` owners
- * and real `cairn pause`, `unpause`, `cancel`, `approve`, `deny` processes, on sqlite and on the
- * replicated adapter (a 3-member etcd cluster the file starts). Each case kills the owner at one
+ * and real `cairn pause`, `unpause`, `cancel`, `approve`, `deny` processes, on sqlite, on the
+ * replicated adapter (a 3-member etcd cluster) and on Durable Streams (the reference server), each
+ * started by the file (chaos/support/adapters.ts). Each case kills the owner at one
  * boundary of a request's life, exactly where CAIRN_CHAOS_KILL_AT says, or from outside before the
  * request is posted:
  *
@@ -20,17 +21,14 @@ import assert from "node:assert/strict";
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { after, before, describe, test } from "node:test";
+import { after, describe, test } from "node:test";
 import { cleanupProcesses, describe as said, runCairn, startCairn, type CliProcess } from "./support/cli.js";
 import { effectLines } from "./support/checks.js";
 import { brief, ofKind, readAll } from "./support/log.js";
 import { cmdPatch, concludePatch, writeScript } from "./support/patches.js";
 import { until } from "./support/procs.js";
 import type { LogEvent } from "../src/state/events.js";
-import type { Storage } from "../src/storage/contract.js";
-import { createSqliteStorage } from "../storage-adapters/sqlite/index.js";
-import { createReplicatedStorage } from "../storage-adapters/replicated/index.js";
-import { startDevCluster, type DevCluster } from "../src/cli/devcluster/index.js";
+import { adapters, type ChaosAdapter } from "./support/adapters.js";
 import { exitAfterTests } from "../test/support/exit.js";
 import { hasCode } from "../src/errors.js";
 
@@ -40,25 +38,8 @@ const root = mkdtempSync(join(tmpdir(), "cairn-chaos-steer-"));
 const GATED = ["sh", "-c", "echo ran >> effect.txt; i=0; while [ ! -e release ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"];
 const SECOND = ["sh", "-c", "echo second >> second.txt"];
 
-interface Adapter {
-  readonly name: "sqlite" | "replicated";
-  /** Storage flags for a process in role `role` (replicated: a data dir of its own per process). */
-  flags(dir: string, role: string): string[];
-  storage(dir: string): Storage;
-}
 
-let cluster: DevCluster | null = null;
 
-const sqlite: Adapter = {
-  name: "sqlite",
-  flags: (dir) => ["--data-dir", join(dir, "data")],
-  storage: (dir) => createSqliteStorage({ dataDir: join(dir, "data") }),
-};
-const replicated: Adapter = {
-  name: "replicated",
-  flags: (dir, role) => ["--storage", "replicated", "--etcd", cluster!.endpoints.join(","), "--data-dir", join(dir, `data-${role}`)],
-  storage: (dir) => createReplicatedStorage({ endpoints: cluster!.endpoints, dataDir: join(dir, `data-check-${Date.now()}`) }),
-};
 
 interface Case {
   readonly dir: string;
@@ -72,7 +53,7 @@ interface Case {
   effect(): number;
 }
 
-function makeCase(adapter: Adapter, name: string, rounds: unknown[][]): Case {
+function makeCase(adapter: ChaosAdapter, name: string, rounds: unknown[][]): Case {
   const dir = join(root, `${adapter.name}-${name}`);
   const work = join(dir, "work");
   mkdirSync(work, { recursive: true });
@@ -106,7 +87,7 @@ const seqOf = (log: readonly LogEvent[], kind: LogEvent["kind"]): number[] => lo
 /** Rounds prepared strictly between seqs `a` and `b`. */
 const roundsBetween = (log: readonly LogEvent[], a: number, b: number): number => log.filter((e) => e.kind === "turn_prepared" && e.seq > a && e.seq < b).length;
 
-function killMatrix(adapter: Adapter): void {
+function killMatrix(adapter: ChaosAdapter): void {
   const run = (c: Case, env: Record<string, string> = {}, extra: string[] = []) => c.start(["run", "append one line", "--model", `scripted:${c.model}`, "--cwd", c.work, ...extra], "owner1", env);
   const resume = (c: Case, role: string, env: Record<string, string> = {}) => c.start(["resume", "--model", `scripted:${c.model}`], role, env);
 
@@ -336,16 +317,14 @@ function killMatrix(adapter: Adapter): void {
 }
 
 describe("steering a run while its owner is SIGKILLed", { timeout: 1_800_000 }, () => {
-  before(async () => {
-    cluster = await startDevCluster({ dir: join(root, "etcd") });
-  });
+  const { sqlite, replicated, durableStreams } = adapters(root);
   after(async () => {
     cleanupProcesses();
-    await cluster?.stop();
     rmSync(root, { recursive: true, force: true });
   });
   describe("sqlite", () => killMatrix(sqlite));
   describe("replicated", () => killMatrix(replicated));
+  describe("durable-streams", () => killMatrix(durableStreams));
 });
 
 exitAfterTests("chaos/steer-kill.test.ts");
