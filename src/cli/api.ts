@@ -461,7 +461,9 @@ function steerRoute(action: SteerRequest["action"], path: string, summary: strin
         }
       }
       r.api.logger.info({ session, action, request: outcome.request, status: outcome.status }, "api: steer");
-      return { status: outcomeStatus(outcome), body: outcome };
+      // A refusal carries the error shape of every other refusal too, so a client checks one field.
+      const body = outcome.status === "refused" ? { ...outcome, error: { code: "refused", message: outcome.message } } : outcome;
+      return { status: outcomeStatus(outcome), body };
     },
   };
 }

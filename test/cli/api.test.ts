@@ -189,6 +189,7 @@ describe("the HTTP API of cairn serve (sqlite)", () => {
     const late = await api("POST", "/runs/alpha/pause", {});
     assert.equal(late.status, 409);
     assert.match(late.json.message, /has ended \(success\)/);
+    assert.deepEqual(late.json.error, { code: "refused", message: late.json.message });
     const k1 = await api("POST", "/runs", { goal: "keyed" }, { "idempotency-key": "submit-key-1" });
     const k2 = await api("POST", "/runs", { goal: "keyed" }, { "idempotency-key": "submit-key-1" });
     assert.equal(k1.status, 201);
