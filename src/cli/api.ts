@@ -17,6 +17,9 @@ import { createHash } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "pino";
 import { z } from "zod";
+import { API_PREFIX, ApiError, intParam, listing, match, parseBody, readBody, requestId, sendApiError, sendJson, type ApiContext, type ApiRequest, type Route } from "./api-http.js";
+
+export { API_PREFIX, ApiError, type ApiContext, type ApiReply, type ApiRequest, type Route } from "./api-http.js";
 import type { LogEvent } from "../state/events.js";
 import { Budgets } from "../state/events.js";
 import { SteerRequest } from "../state/steer.js";
@@ -24,7 +27,7 @@ import { parseRule } from "../state/approval.js";
 import type { Storage } from "../storage/contract.js";
 import { hasCode } from "../errors.js";
 import { summarize, summarizeSession } from "../harness/inspect.js";
-import { checkRequestId, readProjection, startPending, steerRun, type RequestOutcome } from "../harness/operator.js";
+import { readProjection, startPending, steerRun, type RequestOutcome } from "../harness/operator.js";
 import { START_REQUEST_KIND, StartRequest, checkUserSessionId } from "../harness/start-request.js";
 import { OutsideObservation, payloadProblem } from "../harness/observations.js";
 import { followHistory, readHistory } from "../ui/source.js";
@@ -32,64 +35,6 @@ import { requestTarget } from "../observability/access.js";
 import { UsageError } from "./args.js";
 import { submitRun } from "./submit.js";
 import { postObservation } from "./post.js";
-
-/** Every API path starts with this. */
-export const API_PREFIX = "/api/v1/";
-
-/** The largest request body read (an observation's payload is at most 64 KiB of JSON). */
-export const MAX_BODY_BYTES = 256 * 1024;
-
-/** A refusal: HTTP status, a stable code, and the sentence. */
-export class ApiError extends Error {
-  constructor(
-    readonly status: number,
-    readonly code: string,
-    message: string,
-    readonly headers: Record<string, string> = {},
-  ) {
-    super(message);
-    this.name = "ApiError";
-  }
-}
-
-/** What a route gets. `params` are the `{name}` segments of its path, decoded. */
-export interface ApiRequest {
-  readonly req: IncomingMessage;
-  readonly res: ServerResponse;
-  readonly params: Readonly<Record<string, string>>;
-  readonly query: URLSearchParams;
-  /** The JSON body (POST; `{}` when empty). */
-  readonly body: unknown;
-  /** The request id from the Idempotency-Key header, if any. */
-  readonly idempotencyKey: string | undefined;
-  readonly api: ApiContext;
-}
-
-/** A JSON answer, or null when the route wrote the response itself (the event stream). */
-export type ApiReply = { readonly status: number; readonly body: unknown; readonly headers?: Record<string, string> } | null;
-
-/** One entry of the route table: `path` segments in braces are parameters. */
-export interface Route {
-  readonly method: "GET" | "POST";
-  readonly path: string;
-  readonly summary: string;
-  handle(r: ApiRequest): Promise<ApiReply>;
-}
-
-/** What every route shares: the database served and how long to follow the owner's answer. */
-export interface ApiContext {
-  readonly storage: Storage;
-  readonly name: string;
-  readonly logger: Logger;
-  /** The default and the longest wait for an owner's answer to a steer request. */
-  readonly waitMs: number;
-  /** How often an event stream looks for new events. */
-  readonly pollMs: number;
-  /** How often an event stream sends a comment, so proxies keep it open. */
-  readonly heartbeatMs: number;
-  /** Aborted when the server closes: event streams end. */
-  readonly closing: AbortSignal;
-}
 
 export interface ApiOptions {
   readonly storage: Storage;
@@ -128,35 +73,6 @@ const SubmitBody = z.strictObject({
 const ObservationBody = z.strictObject({ id: z.string().optional(), kind: z.string(), payload: z.unknown() });
 const PauseBody = z.strictObject({ reason: z.string().max(2000).optional(), now: z.boolean().optional(), id: RequestIdField, wait_seconds: WaitField });
 const PlainBody = z.strictObject({ reason: z.string().max(2000).optional(), id: RequestIdField, wait_seconds: WaitField });
-
-/** Parses `body` with `schema`; a mismatch is a 400 naming the field (and, for an unknown one, the fields known). */
-function parseBody<T extends z.ZodTypeAny>(schema: T, body: unknown): z.infer<T> {
-  if (typeof body !== "object" || body === null || Array.isArray(body)) throw new ApiError(400, "bad_body", "the body must be a JSON object");
-  const r = schema.safeParse(body);
-  if (r.success) return r.data;
-  const issue = r.error.issues[0]!;
-  if (issue.code === "unrecognized_keys") {
-    const known = schema instanceof z.ZodObject ? Object.keys((schema as unknown as z.ZodObject).shape).join(", ") : "";
-    throw new ApiError(400, "unknown_field", `unknown field ${issue.keys.map((k) => JSON.stringify(k)).join(", ")} in the body; this route takes ${known}`);
-  }
-  const where = issue.path.length > 0 ? `field "${issue.path.join(".")}"` : "the body";
-  throw new ApiError(400, "bad_field", `${where}: ${issue.message}`);
-}
-
-/** The request id of a steer or post: `id` in the body or Idempotency-Key; both must agree. */
-function requestId(r: ApiRequest, fromBody: string | undefined): string | undefined {
-  if (fromBody !== undefined && r.idempotencyKey !== undefined && fromBody !== r.idempotencyKey) {
-    throw new ApiError(400, "bad_field", `the body's "id" (${JSON.stringify(fromBody.slice(0, 80))}) and the Idempotency-Key header differ; send one of them, or the same value in both`);
-  }
-  const id = fromBody ?? r.idempotencyKey;
-  if (id === undefined) return undefined;
-  try {
-    checkRequestId(id);
-  } catch (err) {
-    throw new ApiError(400, "bad_field", (err as Error).message);
-  }
-  return id;
-}
 
 /**
  * The run id of a submit that names none but carries a request id: derived from it, so that a
@@ -263,14 +179,6 @@ const getRun: Route = {
   },
 };
 
-/** A non-negative integer query parameter, or `fallback`; anything else is a 400 naming it. */
-function intParam(q: URLSearchParams, name: string, fallback: number, max: number): number {
-  const v = q.get(name);
-  if (v === null || v === "") return fallback;
-  if (!/^\d{1,15}$/.test(v) || Number(v) > max) throw new ApiError(400, "bad_query", `query parameter "${name}" must be a whole number from 0 to ${max}, got ${JSON.stringify(v.slice(0, 40))}`);
-  return Number(v);
-}
-
 const MAX_EVENTS = 5000;
 
 const events: Route = {
@@ -280,7 +188,8 @@ const events: Route = {
   async handle(r) {
     const id = r.params.id!;
     const after = intParam(r.query, "after", 0, Number.MAX_SAFE_INTEGER);
-    const limit = intParam(r.query, "limit", 1000, MAX_EVENTS) || 1000;
+    const limit = intParam(r.query, "limit", 1000, MAX_EVENTS);
+    if (limit === 0) throw new ApiError(400, "bad_query", `query parameter "limit" must be at least 1 (at most ${MAX_EVENTS}; default 1000)`);
     await knownRun(r.api, id);
     const out: LogEvent[] = [];
     let next = after;
@@ -488,65 +397,6 @@ export const ROUTES: readonly Route[] = [
 
 // ---- the handler --------------------------------------------------------------------------
 
-/** Matches `path` against a route's pattern; the parameters, or null. */
-function match(pattern: string, path: string): Record<string, string> | null {
-  const want = pattern.split("/");
-  const got = path.split("/");
-  if (want.length !== got.length) return null;
-  const params: Record<string, string> = {};
-  for (let i = 0; i < want.length; i++) {
-    const w = want[i]!;
-    const g = got[i]!;
-    if (w.startsWith("{") && w.endsWith("}")) {
-      if (g === "") return null;
-      try {
-        params[w.slice(1, -1)] = decodeURIComponent(g);
-      } catch {
-        return null;
-      }
-    } else if (w !== g) return null;
-  }
-  return params;
-}
-
-function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
-  const text = `${JSON.stringify(body)}\n`;
-  res.writeHead(status, { "content-type": "application/json; charset=utf-8", "cache-control": "no-store", "x-content-type-options": "nosniff", "content-length": String(Buffer.byteLength(text)), ...headers });
-  res.end(text);
-}
-
-/** Sends an API refusal as JSON. */
-export function sendApiError(res: ServerResponse, err: ApiError): void {
-  sendJson(res, err.status, { error: { code: err.code, message: err.message } }, err.headers);
-}
-
-/** Reads a JSON body of at most MAX_BODY_BYTES; `{}` when empty. */
-async function readBody(req: IncomingMessage): Promise<unknown> {
-  const declared = Number(req.headers["content-length"] ?? "0");
-  if (declared > MAX_BODY_BYTES) throw new ApiError(413, "too_large", `the body is ${declared} bytes; at most ${MAX_BODY_BYTES} are read (post a reference to large data instead)`);
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > MAX_BODY_BYTES) throw new ApiError(413, "too_large", `the body is larger than ${MAX_BODY_BYTES} bytes; post a reference to large data instead`);
-    chunks.push(chunk);
-  }
-  const text = Buffer.concat(chunks).toString("utf8");
-  if (text.trim() === "") return {};
-  const type = (req.headers["content-type"] ?? "").split(";")[0]!.trim().toLowerCase();
-  if (type !== "application/json") throw new ApiError(415, "bad_content_type", `the body must be JSON sent with "Content-Type: application/json", got ${JSON.stringify(type || "no Content-Type")}`);
-  try {
-    return JSON.parse(text) as unknown;
-  } catch (err) {
-    throw new ApiError(400, "bad_json", `the body is not valid JSON (${(err as Error).message}); send a JSON object`);
-  }
-}
-
-/** The table, one line a route, for a 404's message. */
-function listing(routes: readonly Route[]): string {
-  return routes.map((r) => `${r.method} ${r.path}`).join(", ");
-}
-
 /** Builds the API handler of database `name`, mounted on the observability server by `cairn serve`. */
 export function createApiHandler(opts: ApiOptions): ApiHandler {
   const routes = [...ROUTES, ...(opts.routes ?? [])];
@@ -594,3 +444,4 @@ export function createApiHandler(opts: ApiOptions): ApiHandler {
     },
   };
 }
+

@@ -145,6 +145,11 @@ describe("the HTTP API of cairn serve (sqlite)", () => {
     assert.equal(obsOther.status, 409);
     const obsNoId = await api("POST", "/runs/alpha/observations", { kind: "ci_result", payload: 1 });
     assert.equal(obsNoId.status, 400);
+    const obsHuge = await api("POST", "/runs/alpha/observations", { id: "big", kind: "blob", payload: "x".repeat(70 * 1024) });
+    assert.equal(obsHuge.status, 413);
+    assert.match(obsHuge.json.error.message, /post a reference/);
+    const limitZero = await api("GET", "/runs/alpha/events?limit=0");
+    assert.equal(limitZero.status, 400);
     const obsReserved = await api("POST", "/runs/alpha/observations", { id: "x", kind: "cairn.start", payload: 1 });
     assert.equal(obsReserved.status, 400);
 
