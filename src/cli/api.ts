@@ -242,6 +242,8 @@ async function streamEvents(r: ApiRequest, id: string, after: number): Promise<v
   const end = (): void => stop.abort();
   r.req.on("close", end);
   res.on("close", end);
+  // A client gone mid-write: the stream ends here, never as an unhandled error of the process.
+  res.on("error", end);
   api.closing.addEventListener("abort", end, { once: true });
   const beat = setInterval(() => res.write(": keep-alive\n\n"), api.heartbeatMs);
   const reader = await api.storage.reader(api.name);

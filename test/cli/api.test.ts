@@ -3,7 +3,8 @@
  * scripted model, cells in the sandbox): submit, status, events by page, the live event stream and
  * its resumption, observations, pause / unpause / cancel, approve / deny under a run's
  * --require-approval rule, and every refusal (401, 404, 405, 400, 409, 413, 415) as a JSON sentence
- * that changes nothing. /metrics, /healthz, /readyz and the --ui page keep working beside it.
+ * that changes nothing. /metrics, /healthz, /readyz and the --ui page keep working beside it. And
+ * requests pending when their serve is SIGKILLed, applied once by the standby that takes over.
  */
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
@@ -11,7 +12,7 @@ import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node
 import { join } from "node:path";
 import { tempDir } from "../harness/support.js";
 import { until } from "../support/wait.js";
-import { call, cmdRound, concludeRound, GATED, killAll, readSse, startServe, TOKEN, writeModel, type Serve } from "./api-support.js";
+import { call, cmdRound, concludeRound, GATED, killAll, pendingRequestSurvivesKill, readSse, startServe, TOKEN, writeModel, type Serve } from "./api-support.js";
 
 const t = tempDir("cairn-api-");
 const data = join(t.dir, "data");
@@ -270,5 +271,18 @@ describe("a serve without a token", () => {
     assert.equal(timeline.status, 200);
     open.child.kill("SIGTERM");
     assert.equal((await open.exited).code, 0);
+  });
+});
+
+describe("an API request pending when its serve is SIGKILLed (sqlite: the standby on the same machine)", () => {
+  it("is applied exactly once, by the standby that takes over, and its retry says so", async (ctx) => {
+    const dir = join(t.dir, "kill");
+    const killWork = join(dir, "work");
+    mkdirSync(killWork, { recursive: true });
+    const killModel = writeModel(join(dir, "model.json"), [cmdRound(0, 1, GATED), concludeRound(1, 2, "done")]);
+    // sqlite: every serve of the database on this machine shares its data dir.
+    const flags = (_role: string, extra: string[] = []) => ["--db", "api-kill", "--data-dir", join(dir, "data"), "--cwd", killWork, "--model", `scripted:${killModel}`, ...extra];
+    const effectFile = join(killWork, "effect.txt");
+    await pendingRequestSurvivesKill(flags, () => (existsSync(effectFile) ? readFileSync(effectFile, "utf8").split("\n").filter(Boolean).length : 0), (line) => ctx.diagnostic(line));
   });
 });
