@@ -19,7 +19,6 @@ import type { Logger } from "pino";
 import { z } from "zod";
 import { API_PREFIX, ApiError, intParam, listing, match, parseBody, readBody, requestId, sendApiError, sendJson, type ApiContext, type ApiRequest, type Route } from "./api-http.js";
 
-export { API_PREFIX, ApiError, type ApiContext, type ApiReply, type ApiRequest, type Route } from "./api-http.js";
 import type { LogEvent } from "../state/events.js";
 import { Budgets } from "../state/events.js";
 import { SteerRequest } from "../state/steer.js";
@@ -35,6 +34,9 @@ import { requestTarget } from "../observability/access.js";
 import { UsageError } from "./args.js";
 import { submitRun } from "./submit.js";
 import { postObservation } from "./post.js";
+
+// What a route added to the table (ApiOptions.routes) is written with.
+export { API_PREFIX, ApiError, type ApiContext, type ApiReply, type ApiRequest, type Route } from "./api-http.js";
 
 export interface ApiOptions {
   readonly storage: Storage;
