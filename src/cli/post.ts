@@ -8,7 +8,8 @@ import { loadProjection } from "../storage/snapshots.js";
 import { checkOutsideObservation, OutsideObservation, payloadProblem } from "../harness/observations.js";
 import { flag, parse, required, UsageError } from "./args.js";
 import type { Storage } from "../storage/contract.js";
-import { START_REQUEST_KIND, startRequestId } from "../harness/start-request.js";
+import { START_REQUEST_KIND } from "../harness/start-request.js";
+import { postOnce, startPending } from "../harness/operator.js";
 import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
@@ -54,45 +55,63 @@ export async function postCommand(argv: readonly string[], io: Io): Promise<numb
   if (!obs.success) throw new UsageError(`cairn post: ${obs.error.issues.map((i) => `--${i.path.join(".")}: ${i.message}`).join("; ")}`);
   const choice = await chooseStorage(p, "post", io.env);
   try {
-    // Check what can be checked without ownership: the run exists, the id is not forged or in conflict.
-    const reader = await choice.storage.reader(name);
-    let r;
-    try {
-      r = await loadProjection(reader);
-    } finally {
-      await reader.close().catch(() => undefined);
+    const { outcome, projection } = await postObservation(choice.storage, name, session, obs.data);
+    switch (outcome.status) {
+      case "unknown":
+        throw new UsageError(`cairn post: ${outcome.message}`);
+      case "refused":
+        io.err(`cairn: ${outcome.message}`);
+        return EXIT.usage;
+      case "duplicate":
+      case "waiting_start":
+        io.out(outcome.message);
+        return EXIT.ok;
+      case "posted":
+        io.out(outcome.message);
+        if (!flag(p, "wait")) return EXIT.ok;
+        return await waitForDelivery(choice.storage, name, session, id, projection, io);
     }
-    const s = r.session(session);
-    if (s === undefined) {
-      // A run submitted and not started yet: its owner starts it first, then delivers this.
-      const again = await choice.storage.reader(name);
-      let waiting = false;
-      try {
-        waiting = ((await again.pending?.()) ?? []).some((m) => m.kind === START_REQUEST_KIND && m.id === startRequestId(session));
-      } finally {
-        await again.close().catch(() => undefined);
-      }
-      if (!waiting) throw new UsageError(`cairn post: run "${session}" does not exist in database "${name}".`);
-      await choice.storage.post(name, { id, session, kind, payload, at: new Date().toISOString() });
-      io.out(`posted ${id} to ${session} in "${name}"; the run waits to be started, and its owner delivers it after the start`);
-      return EXIT.ok;
-    }
-    const check = checkOutsideObservation(s, obs.data, Number.MAX_SAFE_INTEGER);
-    if (!check.ok) {
-      io.err(`cairn: ${check.message}`);
-      return EXIT.usage;
-    }
-    if (check.duplicate) {
-      io.out(`observation ${id} was already delivered to ${session}; nothing to do`);
-      return EXIT.ok;
-    }
-    await choice.storage.post(name, { id, session, kind, payload, at: new Date().toISOString() });
-    io.out(`posted ${id} to ${session} in "${name}"; its owner delivers it to the run's inbox`);
-    if (!flag(p, "wait")) return EXIT.ok;
-    return await waitForDelivery(choice.storage, name, session, id, r, io);
   } finally {
     await choice.storage.close().catch(() => undefined);
   }
+}
+
+/** What became of a posted observation (`refused`: nothing was posted; `message` says why). */
+export type PostOutcome =
+  | { readonly status: "posted" | "duplicate" | "waiting_start"; readonly message: string }
+  | { readonly status: "unknown"; readonly message: string }
+  | { readonly status: "refused"; readonly reason: "forged" | "conflict" | "inbox_full" | "ended" | "invalid"; readonly message: string };
+
+/**
+ * Posts outside observation `obs` to run `session` of database `name` through the mailbox, as
+ * `cairn post` and `POST /api/v1/runs/{id}/observations` do, after checking what can be checked
+ * without ownership (the run exists or waits to be started; the id is not reserved, not delivered
+ * with other content; the run has not ended). The same id and content again is a no-op
+ * (`duplicate` once delivered; the same message while it still waits in the mailbox). Returns the
+ * outcome and the projection it judged from (for following the delivery). Throws ConfigError when
+ * the id waits in the mailbox with other content, and the storage's errors.
+ */
+export async function postObservation(storage: Storage, name: string, session: string, obs: OutsideObservation, now: Date = new Date()): Promise<{ outcome: PostOutcome; projection: Reducer }> {
+  const reader = await storage.reader(name);
+  let r;
+  try {
+    r = await loadProjection(reader);
+  } finally {
+    await reader.close().catch(() => undefined);
+  }
+  const message = { id: obs.id, session, kind: obs.kind, payload: obs.payload, at: now.toISOString() };
+  const s = r.session(session);
+  if (s === undefined) {
+    // A run submitted and not started yet: its owner starts it first, then delivers this.
+    if (!(await startPending(storage, name, session))) return { outcome: { status: "unknown", message: `run "${session}" does not exist in database "${name}".` }, projection: r };
+    await postOnce(storage, name, message);
+    return { outcome: { status: "waiting_start", message: `posted ${obs.id} to ${session} in "${name}"; the run waits to be started, and its owner delivers it after the start` }, projection: r };
+  }
+  const check = checkOutsideObservation(s, obs, Number.MAX_SAFE_INTEGER);
+  if (!check.ok) return { outcome: { status: "refused", reason: check.reason, message: check.message }, projection: r };
+  if (check.duplicate) return { outcome: { status: "duplicate", message: `observation ${obs.id} was already delivered to ${session}; nothing to do` }, projection: r };
+  await postOnce(storage, name, message);
+  return { outcome: { status: "posted", message: `posted ${obs.id} to ${session} in "${name}"; its owner delivers it to the run's inbox` }, projection: r };
 }
 
 /** Follows the log until the owner delivered (`inbox_received`) or refused (`post_refused`) the message. */

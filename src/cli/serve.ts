@@ -29,6 +29,7 @@ import { CELL_FLAGS, CELL_HELP, sandboxOptions, secretFiles } from "./cells.js";
 import { chooseSandbox } from "../exec/sandbox.js";
 import { ACCESS_FLAGS, ACCESS_HELP, accessFromFlags } from "./http-access.js";
 import { APPROVAL_HELP, approvalFlags } from "./steer.js";
+import { createApiHandler } from "./api.js";
 
 export const SERVE_FLAGS = {
   ...STORAGE_FLAGS,
@@ -47,6 +48,7 @@ export const SERVE_FLAGS = {
   "fenced-linger": { type: "string" },
   ui: { type: "boolean" },
   "require-approval": { type: "string", multiple: true },
+  "api-wait": { type: "string" },
   ...ACCESS_FLAGS,
 } as const;
 
@@ -69,6 +71,10 @@ ${STORAGE_HELP}
   --listen HOST:PORT      default 127.0.0.1:9464 (port 0 picks a free one)
   --ui                    serve the timeline page and its API on --listen too (read-only)
 ${ACCESS_HELP}
+  The HTTP API (/api/v1/..., docs/api.md) needs the token: submit runs, read status and events,
+  follow them live, post observations, pause, unpause, cancel, approve, deny.
+  --api-wait DURATION     how long an API steer request waits for the owner to apply it before
+                          answering 202 (default 30s; a request may ask for less)
   --cwd DIR               where submitted runs execute (default: the current directory)
 ${APPROVAL_HELP.replace("cells matching RULE", "this worker's rule, for every run it drives: cells matching RULE")}
   --create                create the database when it does not exist (otherwise that is exit 2)
@@ -130,6 +136,8 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   }
   const ui = flag(p, "ui");
   const access = accessFromFlags(p, "serve", io.env, bindHost, ui ? "/metrics, the timeline page and every run's transcripts (cells' output, patches)" : "/metrics");
+  const apiWait = str(p, "api-wait");
+  const apiWaitMs = apiWait === undefined ? 30_000 : apiWait.trim() === "0" ? 0 : durationSeconds("serve", "api-wait", apiWait) * 1000;
   const lingerMs = durationSeconds("serve", "fenced-linger", str(p, "fenced-linger") ?? "30s") * 1000;
   const cwd = resolve(str(p, "cwd") ?? ".");
   if (!existsSync(cwd) || !statSync(cwd).isDirectory()) throw new UsageError(`cairn serve: --cwd ${cwd} is not a directory.`);
@@ -175,12 +183,21 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   let server: ObservabilityServer;
   // The timeline page (read-only, through a reader) only when asked for: it carries every transcript.
   const page: TimelineHandler = ui ? createTimelineHandler({ storage, databases: async () => [name], logger }) : NO_PAGE;
+  // The API (docs/api.md) answers /api/v1/ before the page, whose own paths are /api/* without a version.
+  const api = createApiHandler({ storage, name, logger, tokenInForce: access.policy.token !== null, waitMs: apiWaitMs });
+  const routes: TimelineHandler = {
+    handle: async (req, res) => (await api.handle(req, res)) || page.handle(req, res),
+    close: async () => {
+      await api.close();
+      await page.close();
+    },
+  };
   try {
     server = await startObservabilityServer({
       listen,
       metrics,
       logger,
-      routes: page,
+      routes,
       access: access.policy,
       ready: () => {
         if (state === "owner" && h !== null && h.status === "open") return readiness(h, name);
@@ -300,7 +317,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     process.off("SIGINT", onSig);
     setState("stopping", "stopping");
     await closeOwner(h, lease);
-    await page.close();
+    await routes.close();
     await server.close();
     await model.close?.().catch(() => undefined);
     await storage.close().catch(() => undefined);

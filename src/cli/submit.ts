@@ -12,7 +12,8 @@ import type { Io } from "./main.js";
 import { liveHolder, describeHolder } from "./owner.js";
 import { lookUp, postStart, readBudgets } from "./run.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
-import { sameRequest } from "../harness/start-request.js";
+import { sameRequest, type StartRequest } from "../harness/start-request.js";
+import type { Storage } from "../storage/contract.js";
 import { cellNetwork } from "./cells.js";
 import { APPROVAL_HELP, approvalFlags } from "./steer.js";
 
@@ -65,28 +66,54 @@ export async function submitCommand(argv: readonly string[], io: Io): Promise<nu
   };
   const choice = await chooseStorage(p, "submit", io.env);
   try {
-    const session = chosen ?? assignedSubmitId();
-    if (chosen !== undefined) {
-      const known = await lookUp(choice.storage, name, chosen);
-      if (known.kind === "session") {
-        if (!sameRequest(request, known.session)) throw new UsageError(`cairn submit: run "${chosen}" already exists in database "${name}" with another goal or settings; choose another --session.`);
-        io.err(`cairn: run ${chosen} already exists in "${name}" (${known.session.terminal === null ? "running" : `ended: ${known.session.terminal.result}`}); nothing submitted`);
-        io.out(chosen);
-        return EXIT.ok;
-      }
-      if (known.kind === "pending") {
-        if (!sameRequest(request, known.request)) throw new UsageError(`cairn submit: a run "${chosen}" with another goal or settings already waits in database "${name}"'s mailbox; choose another --session.`);
-        io.err(`cairn: run ${chosen} was already submitted to "${name}" and waits for its owner; nothing more to do`);
-        io.out(chosen);
-        return EXIT.ok;
-      }
+    let o;
+    try {
+      o = await submitRun(choice.storage, name, request, chosen);
+    } catch (err) {
+      if (err instanceof UsageError) throw new UsageError(`cairn submit: ${err.message}`);
+      throw err;
     }
-    await postStart(choice.storage, name, session, request);
-    const holder = await liveHolder(choice.storage, name).catch(() => null);
-    io.err(`cairn: submitted run ${session} to "${name}"; ${holder ? `its owner starts it (${describeHolder(holder)})` : "no live worker owns it now: the request waits until one does (cairn serve, run or resume)"}`);
-    io.out(session);
+    io.err(`cairn: ${o.message}`);
+    io.out(o.session);
     return EXIT.ok;
   } finally {
     await choice.storage.close().catch(() => undefined);
   }
+}
+
+/** What became of a submit: `submitted` (posted now), `exists` (that run exists), `pending` (it already waits for an owner). */
+export interface SubmitOutcome {
+  readonly session: string;
+  readonly status: "submitted" | "exists" | "pending";
+  /** One sentence for the submitter: what happened and who starts the run. */
+  readonly message: string;
+}
+
+/**
+ * Submits a run toward `request` to database `name` (created when it does not exist), as `cairn
+ * submit` and `POST /api/v1/runs` do: one start request in the mailbox, never taking ownership.
+ * With `chosen` (a run id already checked by checkUserSessionId) it is idempotent: the same id and
+ * request again reports the run (`exists` or `pending`) and posts nothing. Throws UsageError when
+ * the id is taken by another request, and the storage's errors.
+ */
+export async function submitRun(storage: Storage, name: string, request: StartRequest, chosen?: string): Promise<SubmitOutcome> {
+  const session = chosen ?? assignedSubmitId();
+  if (chosen !== undefined) {
+    const known = await lookUp(storage, name, chosen);
+    if (known.kind === "session") {
+      if (!sameRequest(request, known.session)) throw new UsageError(`run "${chosen}" already exists in database "${name}" with another goal or settings; choose another run id.`);
+      return { session, status: "exists", message: `run ${chosen} already exists in "${name}" (${known.session.terminal === null ? "running" : `ended: ${known.session.terminal.result}`}); nothing submitted` };
+    }
+    if (known.kind === "pending") {
+      if (!sameRequest(request, known.request)) throw new UsageError(`a run "${chosen}" with another goal or settings already waits in database "${name}"'s mailbox; choose another run id.`);
+      return { session, status: "pending", message: `run ${chosen} was already submitted to "${name}" and waits for its owner; nothing more to do` };
+    }
+  }
+  await postStart(storage, name, session, request);
+  const holder = await liveHolder(storage, name).catch(() => null);
+  return {
+    session,
+    status: "submitted",
+    message: `submitted run ${session} to "${name}"; ${holder ? `its owner starts it (${describeHolder(holder)})` : "no live worker owns it now: the request waits until one does (cairn serve, run or resume)"}`,
+  };
 }

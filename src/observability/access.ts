@@ -121,7 +121,13 @@ function digest(s: string): Buffer {
   return createHash("sha256").update(s).digest();
 }
 
-function refuse(res: ServerResponse, status: number, body: string, extra: Record<string, string> = {}): void {
+function refuse(res: ServerResponse, status: number, body: string, extra: Record<string, string> = {}, path = ""): void {
+  // A program calling the HTTP API (`cairn serve`'s /api/v1/) reads refusals as JSON, as its own.
+  if (path.startsWith("/api/v1/")) {
+    res.writeHead(status, { "content-type": "application/json; charset=utf-8", "cache-control": "no-store", "x-content-type-options": "nosniff", ...extra });
+    res.end(`${JSON.stringify({ error: { code: status === 401 ? "token_required" : "host_refused", message: body.trim() } })}\n`);
+    return;
+  }
   res.writeHead(status, { "content-type": "text/plain; charset=utf-8", "cache-control": "no-store", "x-content-type-options": "nosniff", ...extra });
   res.end(body);
 }
@@ -166,6 +172,8 @@ export function createGate(policy: AccessPolicy, bindHost: string, port: number,
           421,
           `refused: this server does not answer to Host ${JSON.stringify(req.headers.host ?? "")}; it serves ${served}` +
             `${bound === null ? " and this machine's own addresses on that port" : ""}. Add a name with --allow-host NAME (CAIRN_ALLOW_HOST).\n`,
+          {},
+          path,
         );
         return { allowed: false };
       }
@@ -185,9 +193,13 @@ export function createGate(policy: AccessPolicy, bindHost: string, port: number,
         fromCookie = null;
       }
       if (match(fromCookie)) return { allowed: true, tokenFromQuery: false };
-      refuse(res, 401, "a token is required: send \"Authorization: Bearer TOKEN\", or open the page as /?token=TOKEN (the token this server was started with: CAIRN_UI_TOKEN or --token-file).\n", {
-        "www-authenticate": 'Bearer realm="cairn"',
-      });
+      refuse(
+        res,
+        401,
+        "a token is required: send \"Authorization: Bearer TOKEN\", or open the page as /?token=TOKEN (the token this server was started with: CAIRN_UI_TOKEN or --token-file).\n",
+        { "www-authenticate": 'Bearer realm="cairn"' },
+        path,
+      );
       return { allowed: false };
     },
   };

@@ -51,6 +51,7 @@ const HEAVY = [
   "/src/exec/launcher.",
   "/src/exec/keeper.",
   "/src/observability/",
+  "/src/cli/api.",
 ];
 
 describe("the CLI loads only what a command needs", () => {
