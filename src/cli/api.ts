@@ -26,7 +26,7 @@ import { parseRule } from "../state/approval.js";
 import type { Storage } from "../storage/contract.js";
 import { hasCode } from "../errors.js";
 import { summarize, summarizeSession } from "../harness/inspect.js";
-import { readProjection, startPending, steerRun, type RequestOutcome } from "../harness/operator.js";
+import { forkRun, readProjection, startPending, steerRun, type RequestOutcome } from "../harness/operator.js";
 import { START_REQUEST_KIND, StartRequest, checkUserSessionId } from "../harness/start-request.js";
 import { OutsideObservation, payloadProblem } from "../harness/observations.js";
 import { followHistory, readHistory } from "../ui/source.js";
@@ -75,6 +75,7 @@ const SubmitBody = z.strictObject({
 const ObservationBody = z.strictObject({ id: z.string().optional(), kind: z.string(), payload: z.unknown() });
 const PauseBody = z.strictObject({ reason: z.string().max(2000).optional(), now: z.boolean().optional(), id: RequestIdField, wait_seconds: WaitField });
 const PlainBody = z.strictObject({ reason: z.string().max(2000).optional(), id: RequestIdField, wait_seconds: WaitField });
+const ForkBody = z.strictObject({ at_round: z.number().int().min(0), new_session: z.string().optional(), reason: z.string().max(2000).optional(), id: RequestIdField, wait_seconds: WaitField });
 
 /**
  * The run id of a submit that names none but carries a request id: derived from it, so that a
@@ -381,10 +382,30 @@ function steerRoute(action: SteerRequest["action"], path: string, summary: strin
   };
 }
 
-/**
- * The route table. A new route is one more entry (a fork is
- * `{ method: "POST", path: "/api/v1/runs/{id}/fork", ... }`), passed as ApiOptions.routes or added here.
- */
+/** A fork of a run after round `at_round` (as `cairn fork`): 200 once the copy is complete, 202 while it waits or is copied. */
+const fork: Route = {
+  method: "POST",
+  path: "/api/v1/runs/{id}/fork",
+  summary: "fork a run after a round into a new run",
+  async handle(r) {
+    const session = r.params.id!;
+    const b = parseBody(ForkBody, r.body);
+    const id = requestId(r, b.id);
+    if ((await knownRun(r.api, session)) === "pending") throw new ApiError(409, "conflict", `run ${session} waits to be started and has no round to fork after yet; try again once it has run`);
+    let outcome;
+    try {
+      outcome = await forkRun(r.api.storage, r.api.name, session, { atRound: b.at_round, ...(b.new_session !== undefined ? { newSession: b.new_session } : {}), ...(b.reason !== undefined ? { reason: b.reason } : {}) }, { ...(id !== undefined ? { id } : {}), waitMs: Math.min(b.wait_seconds !== undefined ? b.wait_seconds * 1000 : r.api.waitMs, r.api.waitMs) });
+    } catch (err) {
+      if (hasCode(err, "config")) throw new ApiError(400, "bad_field", (err as Error).message);
+      throw err;
+    }
+    r.api.logger.info({ session, fork: outcome.session, request: outcome.request, status: outcome.status }, "api: fork");
+    const body = outcome.status === "refused" ? { ...outcome, error: { code: "refused", message: outcome.message } } : outcome;
+    return { status: outcomeStatus(outcome), body };
+  },
+};
+
+/** The route table: a new route is one more entry (or passed as ApiOptions.routes). */
 export const ROUTES: readonly Route[] = [
   submit,
   listRuns,
@@ -397,6 +418,7 @@ export const ROUTES: readonly Route[] = [
   steerRoute("cancel", "/api/v1/runs/{id}/cancel", "cancel a run"),
   steerRoute("approve", "/api/v1/runs/{id}/cells/{n}/approve", "approve a cell waiting for approval"),
   steerRoute("deny", "/api/v1/runs/{id}/cells/{n}/deny", "deny a cell waiting for approval (reason required)"),
+  fork,
 ];
 
 // ---- the handler --------------------------------------------------------------------------

@@ -257,6 +257,38 @@ describe("the HTTP API of cairn serve (sqlite)", () => {
     assert.equal(again.status, 200);
     assert.equal(again.json.status, "already");
   });
+
+  it("forks a run after a round: the fork holds the origin's cells as they ran, a retry is the same fork, bad forks are refused in a sentence", async () => {
+    const before = effect();
+    const fork = await api("POST", "/runs/beta/fork", { at_round: 1, new_session: "beta-again", reason: "try again" }, { "idempotency-key": "fork-beta-1" });
+    assert.equal(fork.status, 200, JSON.stringify(fork.json));
+    assert.equal(fork.json.status, "applied");
+    assert.equal(fork.json.session, "beta-again");
+    const f = await until("the fork to be listed with its origin", async () => {
+      const r = await run("beta-again");
+      return r?.fork_of ? r : undefined;
+    });
+    assert.deepEqual(f.fork_of, { session: "beta", round: 1 });
+    const events = await allEvents("beta-again", 1000);
+    assert.ok(events.some((e) => e.kind === "fork_completed"), "the copy is complete");
+    assert.equal(events.filter((e) => e.kind === "execution_started").length, 1, "cell 1 is copied as it ran in beta");
+    assert.equal(effect(), before, "the fork re-runs nothing of its origin");
+
+    const retry = await api("POST", "/runs/beta/fork", { at_round: 1, new_session: "beta-again", reason: "try again" }, { "idempotency-key": "fork-beta-1" });
+    assert.equal(retry.status, 200, JSON.stringify(retry.json));
+    assert.equal(retry.json.status, "already");
+    const beyond = await api("POST", "/runs/beta/fork", { at_round: 99 });
+    assert.equal(beyond.status, 409);
+    assert.match(beyond.json.error.message, /the round to fork after must be between 0 and \d+/);
+    const taken = await api("POST", "/runs/beta/fork", { at_round: 0, new_session: "gamma" });
+    assert.equal(taken.status, 409);
+    assert.match(taken.json.message, /run gamma already exists/);
+    const missing = await api("POST", "/runs/beta/fork", { new_session: "x1" });
+    assert.equal(missing.status, 400);
+    assert.match(missing.json.error.message, /at_round/);
+    const unknown = await api("POST", "/runs/nope/fork", { at_round: 0 });
+    assert.equal(unknown.status, 404);
+  });
 });
 
 describe("a serve without a token", () => {
