@@ -128,11 +128,12 @@ async function setUp(env: NodeJS.ProcessEnv, logger: Logger): Promise<Tracing> {
   const resource = new resources.Resource({ [semconv.ATTR_SERVICE_NAME]: "cairn", [semconv.ATTR_SERVICE_VERSION]: VERSION }).merge(resources.envDetectorSync.detect());
   const provider = new sdk.BasicTracerProvider({ resource, spanProcessors: [new sdk.BatchSpanProcessor(exporter)] });
   let failures = 0;
-  // The SDK reports a failed export here (and only here): said once, then counted.
-  core.setGlobalErrorHandler((err) => {
+  const failed = (err: unknown) => {
     failures++;
     if (failures === 1) logger.warn({ err: err instanceof Error ? err.message : String(err) }, "tracing: spans could not be exported to the OTLP collector; they are dropped while it does not answer (said once)");
-  });
+  };
+  // The SDK reports a failed export of its batching timer here; the last flush fails in shutdown.
+  core.setGlobalErrorHandler(failed);
   const propagator = new core.W3CTraceContextPropagator();
   // A process started inside a trace (its own TRACEPARENT) puts its runs in that trace.
   const carrier: Record<string, string> = {};
@@ -141,7 +142,8 @@ async function setUp(env: NodeJS.ProcessEnv, logger: Logger): Promise<Tracing> {
   const parent = propagator.extract(api.ROOT_CONTEXT, carrier, api.defaultTextMapGetter);
   const tracer = provider.getTracer("cairn", VERSION);
   return new OtelTracing(api, tracer, propagator, parent, semconv.ATTR_ERROR_TYPE, async () => {
-    await bounded(provider.shutdown(), timeoutMs + 1000);
+    const flushed = await bounded(provider.shutdown(), timeoutMs + 1000);
+    if (flushed !== null) failed(flushed);
     if (failures > 1) logger.warn({ failures }, "tracing: span exports failed; those spans were dropped");
   });
 }
@@ -155,14 +157,17 @@ function exportTimeoutMs(env: NodeJS.ProcessEnv): number {
   return DEFAULT_EXPORT_TIMEOUT_MS;
 }
 
-/** Resolves when `p` settles or after `ms`, whichever is first; never rejects, never keeps the process alive. */
-function bounded(p: Promise<unknown>, ms: number): Promise<void> {
+/**
+ * Waits for `p` at most `ms`: null when it resolved, else why not (its error, or the time it took).
+ * Never rejects, never keeps the process alive.
+ */
+function bounded(p: Promise<unknown>, ms: number): Promise<unknown> {
   return new Promise((resolve) => {
-    const t = setTimeout(resolve, ms);
+    const t = setTimeout(() => resolve(new Error(`the collector did not take the last spans within ${ms} ms`)), ms);
     t.unref();
     p.then(
-      () => resolve(),
-      () => resolve(),
+      () => resolve(null),
+      (err: unknown) => resolve(err ?? new Error("the last spans could not be exported")),
     ).finally(() => clearTimeout(t));
   });
 }

@@ -15,6 +15,7 @@ import type { AddressInfo } from "node:net";
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cairn, ENTRY, ROOT } from "../cli/support.js";
+import { cellEnvironment } from "../../src/exec/environment.js";
 import { tempDir } from "../harness/support.js";
 
 const t = tempDir("cairn-tracing-");
@@ -249,6 +250,45 @@ describe("a traced cairn run, read by a real OTLP/HTTP receiver", () => {
   });
 });
 
+describe("a cairn run started inside a trace (its own TRACEPARENT)", () => {
+  const receiver = new Receiver();
+  after(() => receiver.close());
+
+  it("puts its run span in that trace, under that parent", async () => {
+    const url = await receiver.start();
+    const outer = { trace: "4bf92f3577b34da6a3ce929d0e0e4736", span: "00f067aa0ba902b7" };
+    const r = await cairn(runArgs(), { env: cleanEnv({ OTEL_EXPORTER_OTLP_ENDPOINT: url, TRACEPARENT: `00-${outer.trace}-${outer.span}-01` }), timeoutMs: 180_000 });
+    assert.equal(r.code, 0, r.stderr + r.stdout);
+    const run = receiver.spans.find((s) => s.name === "run");
+    assert.ok(run !== undefined);
+    assert.equal(run.traceId, outer.trace);
+    assert.equal(run.parentSpanId, outer.span);
+    assert.deepEqual(new Set(receiver.spans.map((s) => s.traceId)), new Set([outer.trace]));
+    // The cell's TRACEPARENT names its own span, not the one the harness was started with.
+    const tp = /TP=(00-\S*)/.exec(r.stdout)?.[1];
+    const cell = receiver.spans.find((s) => s.name === "cell 1");
+    assert.equal(tp, `00-${outer.trace}-${cell?.spanId}-01`);
+  });
+});
+
+describe("a cell's trace context comes from its own span, never from the harness's environment", () => {
+  const host = { PATH: "/bin", TRACEPARENT: "00-11111111111111111111111111111111-2222222222222222-01", TRACESTATE: "outer=1" };
+  const mine = "00-33333333333333333333333333333333-4444444444444444-01";
+
+  it("the harness's own TRACEPARENT and TRACESTATE are not passed on", () => {
+    assert.deepEqual(cellEnvironment(host, [], { CAIRN_CELL: "1" }), { PATH: "/bin", CAIRN_CELL: "1" });
+  });
+
+  it("a traced cell gets its span's TRACEPARENT, and no TRACESTATE from elsewhere, even when the operator names them", () => {
+    assert.deepEqual(cellEnvironment(host, ["TRACEPARENT", "TRACESTATE"], { TRACEPARENT: mine }), { PATH: "/bin", TRACEPARENT: mine });
+    assert.deepEqual(cellEnvironment(host, [], { TRACEPARENT: mine, TRACESTATE: "cairn=1" }), { PATH: "/bin", TRACEPARENT: mine, TRACESTATE: "cairn=1" });
+  });
+
+  it("without tracing, a context the operator names (--cell-env TRACEPARENT) passes", () => {
+    assert.deepEqual(cellEnvironment(host, ["TRACEPARENT"], {}), { PATH: "/bin", TRACEPARENT: host.TRACEPARENT });
+  });
+});
+
 describe("a collector that is down never breaks a run", () => {
   let blackhole: { url: string; close(): Promise<void> } | null = null;
   after(() => blackhole?.close());
@@ -288,6 +328,7 @@ describe("a collector that is down never breaks a run", () => {
     assert.equal(r.code, 0, r.stderr + r.stdout);
     assert.match(r.stdout, /run s1 succeeded/);
     assert.ok(sockets.size > 0, "the exporter did reach the collector's port");
+    assert.equal(r.stderr.split("spans could not be exported").length - 1, 1, `the lost spans are told once: ${r.stderr}`);
     assert.doesNotMatch(r.stderr, /resources were still open/, "no export left running: the exit backstop was not needed");
   });
 });
