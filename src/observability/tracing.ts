@@ -92,6 +92,12 @@ export function tracingWanted(env: NodeJS.ProcessEnv): boolean {
 /** The export timeout when neither OTEL_EXPORTER_OTLP_TRACES_TIMEOUT nor OTEL_EXPORTER_OTLP_TIMEOUT sets one (the SDK's is 10 s). */
 const DEFAULT_EXPORT_TIMEOUT_MS = 5000;
 
+/**
+ * Ended runs whose span is kept, so that a late commit of theirs (a stopped cell's last output) stays
+ * in their trace; older ones are forgotten, so a long-lived worker's memory does not grow with them.
+ */
+const KEEP_ENDED = 256;
+
 /** The longest text kept in one attribute (a goal, one argv element). */
 const MAX_TEXT = 4096;
 const MAX_ARGV = 256;
@@ -104,6 +110,7 @@ const MAX_ARGV = 256;
 export async function startTracing(env: NodeJS.ProcessEnv, logger: Logger): Promise<Tracing> {
   if (!tracingWanted(env)) return NO_TRACING;
   try {
+    checkEndpoint(env);
     return await setUp(env, logger);
   } catch (err) {
     // A bad variable (an endpoint that is not a URL) costs the traces, never the run.
@@ -148,6 +155,22 @@ async function setUp(env: NodeJS.ProcessEnv, logger: Logger): Promise<Tracing> {
   });
 }
 
+/**
+ * Throws when the endpoint that will be used is not an http(s) URL: the SDK would fall back to
+ * localhost:4318 without a word, which may be some other collector.
+ */
+function checkEndpoint(env: NodeJS.ProcessEnv): void {
+  const specific = (env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT ?? "").trim();
+  const [name, value] = specific !== "" ? ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", specific] : ["OTEL_EXPORTER_OTLP_ENDPOINT", (env.OTEL_EXPORTER_OTLP_ENDPOINT ?? "").trim()];
+  let url: URL | null = null;
+  try {
+    url = new URL(value);
+  } catch {
+    url = null;
+  }
+  if (url === null || (url.protocol !== "http:" && url.protocol !== "https:")) throw new Error(`${name} is "${value}", not an http(s) URL such as http://collector:4318`);
+}
+
 /** The export timeout the exporter will use, in ms. */
 function exportTimeoutMs(env: NodeJS.ProcessEnv): number {
   for (const v of [env.OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, env.OTEL_EXPORTER_OTLP_TIMEOUT]) {
@@ -187,6 +210,8 @@ const text = (s: string): string => (s.length > MAX_TEXT ? `${s.slice(0, MAX_TEX
 class OtelTracing implements Tracing {
   readonly enabled = true;
   private readonly runs = new Map<string, RunSpans>();
+  /** Keys of ended runs still in `runs`, oldest first. */
+  private readonly ended = new Set<string>();
   private readonly OK: SpanStatusCodes;
   private readonly ERROR: SpanStatusCodes;
 
@@ -245,8 +270,19 @@ class OtelTracing implements Tracing {
       if (e.kind !== "run_ended") continue;
       const body = e.body as { result: string; reason: string };
       this.endRun(this.runOf(db, e.session), body.result, body.reason);
+      this.forgetOld(`${db}\u0000${e.session}`);
     }
     return logged;
+  }
+
+  private forgetOld(key: string): void {
+    this.ended.delete(key);
+    this.ended.add(key);
+    for (const old of this.ended) {
+      if (this.ended.size <= KEEP_ENDED) break;
+      this.ended.delete(old);
+      this.runs.delete(old);
+    }
   }
 
   private setGoal(r: RunSpans, goal: string): void {

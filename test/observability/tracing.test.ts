@@ -8,7 +8,7 @@
  */
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { createServer as createHttpServer, type IncomingHttpHeaders, type Server } from "node:http";
 import { createServer as createTcpServer, type Socket } from "node:net";
 import type { AddressInfo } from "node:net";
@@ -271,6 +271,45 @@ describe("a cairn run started inside a trace (its own TRACEPARENT)", () => {
   });
 });
 
+describe("cairn serve traces the runs it drives", () => {
+  const receiver = new Receiver();
+  after(() => receiver.close());
+
+  it("a run handed to a live worker is a trace from that worker, flushed when it stops on SIGTERM", async () => {
+    const url = await receiver.start();
+    const args = runArgs(); // ["run", GOAL, "--db", DB, "--data-dir", DATA, "--cwd", CWD, "--model", SPEC]
+    const [db, data, cwd, model] = [args[3]!, args[5]!, args[7]!, args[9]!];
+    const serve = spawn(process.execPath, ["--import", "tsx", ENTRY, "serve", "--db", db, "--data-dir", data, "--cwd", cwd, "--model", model, "--create", "--listen", "127.0.0.1:0"], {
+      cwd: ROOT,
+      env: cleanEnv({ OTEL_EXPORTER_OTLP_ENDPOINT: url }),
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stderr = "";
+    serve.stderr.setEncoding("utf8").on("data", (d: string) => (stderr += d));
+    const exited = new Promise<number | null>((resolve) => serve.on("close", (code) => resolve(code)));
+    const guard = setTimeout(() => serve.kill("SIGKILL"), 180_000);
+    try {
+      for (let i = 0; i < 1200 && !/serving database/.test(stderr); i++) await new Promise((r) => setTimeout(r, 100));
+      assert.match(stderr, /serving database/);
+      // Handed over through the mailbox and followed until it ends (this process traces nothing).
+      const handed = await cairn(args, { env: cleanEnv({}), timeoutMs: 180_000 });
+      assert.equal(handed.code, 0, handed.stderr + handed.stdout);
+      assert.match(handed.stdout, /handed run/);
+      serve.kill("SIGTERM");
+      assert.equal(await exited, 0, stderr);
+    } finally {
+      clearTimeout(guard);
+      serve.kill("SIGKILL");
+    }
+    const run = receiver.spans.filter((s) => s.name === "run");
+    assert.equal(run.length, 1);
+    assert.equal(run[0]!.attrs["cairn.run.result"], "success");
+    assert.deepEqual(new Set(receiver.spans.map((s) => s.traceId)), new Set([run[0]!.traceId]));
+    assert.equal(receiver.spans.filter((s) => /^chat /.test(s.name)).length, 3);
+    assert.deepEqual(receiver.spans.filter((s) => /^cell /.test(s.name)).map((s) => s.attrs["process.exit.code"]).sort(), [0, 3]);
+  });
+});
+
 describe("a cell's trace context comes from its own span, never from the harness's environment", () => {
   const host = { PATH: "/bin", TRACEPARENT: "00-11111111111111111111111111111111-2222222222222222-01", TRACESTATE: "outer=1" };
   const mine = "00-33333333333333333333333333333333-4444444444444444-01";
@@ -357,6 +396,14 @@ describe("without the variables, tracing costs nothing", () => {
     const traced = loadedBy({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://127.0.0.1:9" });
     assert.equal(traced.code, 0, traced.stderr);
     assert.ok(otel(traced.modules).some((m) => m.includes("/sdk-trace-base/")), "the traced run loaded the SDK");
+  });
+
+  it("an endpoint that is not a URL is said once, and the run goes on untraced (never to a default collector)", () => {
+    const r = loadedBy({ OTEL_EXPORTER_OTLP_ENDPOINT: "collector:4318" });
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(r.stderr.split("tracing: could not start").length - 1, 1, r.stderr);
+    assert.match(r.stderr, /OTEL_EXPORTER_OTLP_ENDPOINT is \\"collector:4318\\", not an http\(s\) URL/);
+    assert.deepEqual(otel(r.modules), []);
   });
 
   it("OTEL_SDK_DISABLED=true turns it off even with an endpoint", () => {
