@@ -42,7 +42,10 @@ export interface CellSpan {
   readonly env: Readonly<Record<string, string>>;
   /** Records how the process ended (before `end`). */
   outcome(o: TracedOutcome): void;
-  /** Ends the span; a launch that never recorded an outcome ends as `not_run`. Once; later calls do nothing. */
+  /**
+   * Ends the span; a launch whose end was not seen here (it never ran, the harness stopped first, its
+   * output could not be recorded) ends as `no_outcome`. Once; later calls do nothing.
+   */
   end(): void;
 }
 
@@ -128,9 +131,10 @@ async function setUp(env: NodeJS.ProcessEnv, logger: Logger): Promise<Tracing> {
     import("@opentelemetry/core"),
     import("@opentelemetry/semantic-conventions"),
   ]);
-  const timeoutMs = exportTimeoutMs(env);
-  const explicitTimeout = env.OTEL_EXPORTER_OTLP_TRACES_TIMEOUT !== undefined || env.OTEL_EXPORTER_OTLP_TIMEOUT !== undefined;
-  const exporter = new exporterLib.OTLPTraceExporter(explicitTimeout ? {} : { timeoutMillis: timeoutMs });
+  // The SDK reads a valid timeout variable itself; without one, ours (shorter than its 10 s).
+  const fromEnv = envTimeoutMs(env);
+  const timeoutMs = fromEnv ?? DEFAULT_EXPORT_TIMEOUT_MS;
+  const exporter = new exporterLib.OTLPTraceExporter(fromEnv === null ? { timeoutMillis: timeoutMs } : {});
   // service.name "cairn" unless OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES say otherwise.
   const resource = new resources.Resource({ [semconv.ATTR_SERVICE_NAME]: "cairn", [semconv.ATTR_SERVICE_VERSION]: VERSION }).merge(resources.envDetectorSync.detect());
   const provider = new sdk.BasicTracerProvider({ resource, spanProcessors: [new sdk.BatchSpanProcessor(exporter)] });
@@ -171,13 +175,13 @@ function checkEndpoint(env: NodeJS.ProcessEnv): void {
   if (url === null || (url.protocol !== "http:" && url.protocol !== "https:")) throw new Error(`${name} is "${value}", not an http(s) URL such as http://collector:4318`);
 }
 
-/** The export timeout the exporter will use, in ms. */
-function exportTimeoutMs(env: NodeJS.ProcessEnv): number {
+/** The export timeout the variables set (traces-specific first), in ms; null when none sets a valid one. */
+function envTimeoutMs(env: NodeJS.ProcessEnv): number | null {
   for (const v of [env.OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, env.OTEL_EXPORTER_OTLP_TIMEOUT]) {
     const n = Number(v);
     if (v !== undefined && v.trim() !== "" && Number.isFinite(n) && n > 0) return n;
   }
-  return DEFAULT_EXPORT_TIMEOUT_MS;
+  return null;
 }
 
 /**
@@ -377,7 +381,7 @@ class OtelTracing implements Tracing {
       end: () => {
         if (ended) return;
         ended = true;
-        if (!recorded) span.setAttribute("cairn.cell.result", "not_run");
+        if (!recorded) span.setAttribute("cairn.cell.result", "no_outcome");
         span.end();
       },
     };
