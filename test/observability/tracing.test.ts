@@ -25,12 +25,15 @@ const GOAL = "print the trace context, fail once, conclude";
 const HEADER_SECRET = "hdr-secret-7f3a";
 const KEY_SECRET = "sk-ant-never-in-a-span-91c2";
 
-/** The scripted rounds: a cell that prints $TRACEPARENT, then one that exits 3, then success. */
+/**
+ * The scripted rounds: a cell that prints $TRACEPARENT, then one that exits 3 (its round's first
+ * model call fails, a lost response), then success.
+ */
 function script(): string {
   const cmd = (id: number, argv: string[]) => ({ op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "cmd", argv } });
   const rounds = [
     { patch: [{ op: "test", path: "/revision", value: 0 }, cmd(1, ["sh", "-c", 'echo "TP=$TRACEPARENT"'])] },
-    { patch: [{ op: "test", path: "/revision", value: 1 }, cmd(2, ["sh", "-c", "exit 3"])] },
+    { patch: [{ op: "test", path: "/revision", value: 1 }, cmd(2, ["sh", "-c", "exit 3"])], fail_first_attempt: true },
     {
       patch: [
         { op: "test", path: "/revision", value: 2 },
@@ -183,9 +186,14 @@ describe("a traced cairn run, read by a real OTLP/HTTP receiver", () => {
     }
   });
 
-  it("each model call is a GenAI client span under its round, with input and output tokens", () => {
-    const calls = named(/^chat /);
-    assert.equal(calls.length, 3);
+  it("each model call is a GenAI client span under its round, with input and output tokens; a failed call says why", () => {
+    const all = named(/^chat /);
+    assert.equal(all.length, 4);
+    const failed = all.filter((c) => c.status === 2);
+    assert.equal(failed.length, 1);
+    assert.equal(failed[0]!.attrs["error.type"], "model.transport");
+    assert.equal(byId.get(failed[0]!.parentSpanId)!.attrs["cairn.round.n"], 2);
+    const calls = all.filter((c) => c.status !== 2);
     for (const c of calls) {
       assert.equal(c.kind, 3, "SpanKind CLIENT (3 in OTLP)");
       assert.equal(c.attrs["gen_ai.operation.name"], "chat");
@@ -194,7 +202,7 @@ describe("a traced cairn run, read by a real OTLP/HTTP receiver", () => {
       assert.ok((c.attrs["gen_ai.usage.output_tokens"] as number) > 0, "output tokens");
       assert.match(byId.get(c.parentSpanId)!.name, /^round \d+$/);
     }
-    assert.deepEqual(calls.map((c) => byId.get(c.parentSpanId)!.attrs["cairn.round.n"]).sort(), [1, 2, 3], "one call per round");
+    assert.deepEqual(calls.map((c) => byId.get(c.parentSpanId)!.attrs["cairn.round.n"]).sort(), [1, 2, 3], "one answered call per round");
   });
 
   it("each commit is a span with its event count and bytes; the run's creation hangs from the run", () => {
@@ -305,7 +313,7 @@ describe("cairn serve traces the runs it drives", () => {
     assert.equal(run.length, 1);
     assert.equal(run[0]!.attrs["cairn.run.result"], "success");
     assert.deepEqual(new Set(receiver.spans.map((s) => s.traceId)), new Set([run[0]!.traceId]));
-    assert.equal(receiver.spans.filter((s) => /^chat /.test(s.name)).length, 3);
+    assert.equal(receiver.spans.filter((s) => /^chat /.test(s.name)).length, 4, "three rounds, one call failed and retried");
     assert.deepEqual(receiver.spans.filter((s) => /^cell /.test(s.name)).map((s) => s.attrs["process.exit.code"]).sort(), [0, 3]);
   });
 });
