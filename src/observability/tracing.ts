@@ -20,11 +20,12 @@
  * durations. Never a key, a token, a header or a cell's environment.
  */
 import type { Context, Span, SpanStatusCode as SpanStatusCodes, Tracer, TextMapPropagator } from "@opentelemetry/api";
+import { createHash } from "node:crypto";
 import type { Logger } from "pino";
 import type { LogEvent, NewEvent, TokenUsage } from "../state/events.js";
 import { VERSION } from "../version.js";
 
-/** A cell as its span describes it: a cmd cell's argv, a script cell's size. */
+/** A cell as its span describes it: a cmd cell's argv, a script cell's size and digest. */
 export type TracedCell = { readonly id: number; readonly kind: "cmd"; readonly argv: readonly string[] } | { readonly id: number; readonly kind: "script"; readonly source: string };
 
 /** How a cell's process ended (the executor's outcome), as its span records it. */
@@ -357,7 +358,11 @@ class OtelTracing implements Tracing {
     const r = this.runOf(db, session);
     const attributes: Record<string, string | number | string[]> = { "cairn.session": session, "cairn.cell.id": cell.id, "cairn.cell.kind": cell.kind };
     if (cell.kind === "cmd") attributes["process.command_args"] = cell.argv.slice(0, MAX_ARGV).map(text);
-    else attributes["cairn.cell.script.bytes"] = Buffer.byteLength(cell.source);
+    else {
+      // A script has no name: its size and digest identify it (the source itself is not sent).
+      attributes["cairn.cell.script.bytes"] = Buffer.byteLength(cell.source);
+      attributes["cairn.cell.script.sha256"] = createHash("sha256").update(cell.source).digest("hex");
+    }
     const span = this.tracer.startSpan(`cell ${cell.id}`, { attributes }, this.under(r));
     const carrier: Record<string, string> = {};
     this.propagator.inject(this.api.trace.setSpan(this.api.ROOT_CONTEXT, span), carrier, this.api.defaultTextMapSetter);

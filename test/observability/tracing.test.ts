@@ -9,6 +9,7 @@
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
 import { createServer as createHttpServer, type IncomingHttpHeaders, type Server } from "node:http";
 import { createServer as createTcpServer, type Socket } from "node:net";
 import type { AddressInfo } from "node:net";
@@ -24,20 +25,22 @@ after(() => t.cleanup());
 const GOAL = "print the trace context, fail once, conclude";
 const HEADER_SECRET = "hdr-secret-7f3a";
 const KEY_SECRET = "sk-ant-never-in-a-span-91c2";
+const SCRIPT = '# /// script\n# requires-python = ">=3.8"\n# dependencies = []\n# ///\nprint("from a script")\n';
 
 /**
  * The scripted rounds: a cell that prints $TRACEPARENT, then one that exits 3 (its round's first
- * model call fails, a lost response), then success.
+ * model call fails, a lost response), then a script, then success.
  */
 function script(): string {
   const cmd = (id: number, argv: string[]) => ({ op: "add", path: "/cells/-", value: { id, previous_id: null, kind: "cmd", argv } });
   const rounds = [
     { patch: [{ op: "test", path: "/revision", value: 0 }, cmd(1, ["sh", "-c", 'echo "TP=$TRACEPARENT"'])] },
     { patch: [{ op: "test", path: "/revision", value: 1 }, cmd(2, ["sh", "-c", "exit 3"])], fail_first_attempt: true },
+    { patch: [{ op: "test", path: "/revision", value: 2 }, { op: "add", path: "/cells/-", value: { id: 3, previous_id: null, kind: "script", source: SCRIPT } }] },
     {
       patch: [
-        { op: "test", path: "/revision", value: 2 },
-        { op: "add", path: "/cells/-", value: { id: 3, previous_id: null, kind: "note", role: "conclusion", result: "success", text: "done" } },
+        { op: "test", path: "/revision", value: 3 },
+        { op: "add", path: "/cells/-", value: { id: 4, previous_id: null, kind: "note", role: "conclusion", result: "success", text: "done" } },
       ],
     },
   ];
@@ -176,7 +179,7 @@ describe("a traced cairn run, read by a real OTLP/HTTP receiver", () => {
     assert.equal(run.attrs["cairn.session"], "s1");
     assert.equal(run.attrs["cairn.run.result"], "success");
     const rounds = named(/^round \d+$/);
-    assert.deepEqual(rounds.map((r) => r.attrs["cairn.round.n"]).sort(), [1, 2, 3]);
+    assert.deepEqual(rounds.map((r) => r.attrs["cairn.round.n"]).sort(), [1, 2, 3, 4]);
     for (const r of rounds) assert.equal(r.parentSpanId, run.spanId, `${r.name} hangs from the run`);
     // Every other span hangs from a round, or (the run's creation) from the run itself; no orphans.
     for (const s of receiver.spans) {
@@ -188,7 +191,7 @@ describe("a traced cairn run, read by a real OTLP/HTTP receiver", () => {
 
   it("each model call is a GenAI client span under its round, with input and output tokens; a failed call says why", () => {
     const all = named(/^chat /);
-    assert.equal(all.length, 4);
+    assert.equal(all.length, 5);
     const failed = all.filter((c) => c.status === 2);
     assert.equal(failed.length, 1);
     assert.equal(failed[0]!.attrs["error.type"], "model.transport");
@@ -202,7 +205,7 @@ describe("a traced cairn run, read by a real OTLP/HTTP receiver", () => {
       assert.ok((c.attrs["gen_ai.usage.output_tokens"] as number) > 0, "output tokens");
       assert.match(byId.get(c.parentSpanId)!.name, /^round \d+$/);
     }
-    assert.deepEqual(calls.map((c) => byId.get(c.parentSpanId)!.attrs["cairn.round.n"]).sort(), [1, 2, 3], "one answered call per round");
+    assert.deepEqual(calls.map((c) => byId.get(c.parentSpanId)!.attrs["cairn.round.n"]).sort(), [1, 2, 3, 4], "one answered call per round");
   });
 
   it("each commit is a span with its event count and bytes; the run's creation hangs from the run", () => {
@@ -222,7 +225,7 @@ describe("a traced cairn run, read by a real OTLP/HTTP receiver", () => {
 
   it("each cell is a span under the round that queued it, with argv, exit code and duration", () => {
     const cells = named(/^cell \d+$/);
-    assert.deepEqual(cells.map((c) => c.name).sort(), ["cell 1", "cell 2"]);
+    assert.deepEqual(cells.map((c) => c.name).sort(), ["cell 1", "cell 2", "cell 3"]);
     const one = cells.find((c) => c.name === "cell 1")!;
     const two = cells.find((c) => c.name === "cell 2")!;
     assert.deepEqual(one.attrs["process.command_args"], ["sh", "-c", 'echo "TP=$TRACEPARENT"']);
@@ -237,6 +240,12 @@ describe("a traced cairn run, read by a real OTLP/HTTP receiver", () => {
     }
     assert.equal(byId.get(one.parentSpanId)!.attrs["cairn.round.n"], 1);
     assert.equal(byId.get(two.parentSpanId)!.attrs["cairn.round.n"], 2);
+    const script = cells.find((c) => c.name === "cell 3")!;
+    assert.equal(script.attrs["cairn.cell.kind"], "script");
+    assert.equal(script.attrs["cairn.cell.script.bytes"], Buffer.byteLength(SCRIPT));
+    assert.equal(script.attrs["cairn.cell.script.sha256"], createHash("sha256").update(SCRIPT).digest("hex"));
+    assert.equal(script.attrs["process.exit.code"], 0);
+    assert.equal(script.attrs["process.command_args"], undefined, "a script's span carries no argv");
   });
 
   it("a cell sees TRACEPARENT naming the run's trace and its own span as parent", () => {
@@ -313,8 +322,8 @@ describe("cairn serve traces the runs it drives", () => {
     assert.equal(run.length, 1);
     assert.equal(run[0]!.attrs["cairn.run.result"], "success");
     assert.deepEqual(new Set(receiver.spans.map((s) => s.traceId)), new Set([run[0]!.traceId]));
-    assert.equal(receiver.spans.filter((s) => /^chat /.test(s.name)).length, 4, "three rounds, one call failed and retried");
-    assert.deepEqual(receiver.spans.filter((s) => /^cell /.test(s.name)).map((s) => s.attrs["process.exit.code"]).sort(), [0, 3]);
+    assert.equal(receiver.spans.filter((s) => /^chat /.test(s.name)).length, 5, "four rounds, one call failed and retried");
+    assert.deepEqual(receiver.spans.filter((s) => /^cell /.test(s.name)).map((s) => s.attrs["process.exit.code"]).sort(), [0, 0, 3]);
   });
 });
 
