@@ -99,6 +99,10 @@ export function createCore(
   owner: CoreOwner,
 ): HarnessCore {
   const { name, world } = config;
+  config.tracing.database(name, (session) => {
+    const s = owner.session(session);
+    return s === undefined ? undefined : { goal: s.goal, created_at: s.created_at, seed: s.effect_seed };
+  });
   return {
     ...config,
     timers: world.timers ?? realTimers,

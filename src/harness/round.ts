@@ -32,7 +32,7 @@ export async function runRound(ctx: SessionContext, step: Extract<NextStep, { ki
     pending.push(event("turn_prepared", id, identity.turn(turn), core.nowIso(), { turn, n: step.n, revision: ctx.session().state.revision, delivered: [...step.delivered] }));
   }
   const started = core.world.clock.now();
-  core.tracing.round(core.name, id, turn, step.n, ctx.session().state.goal);
+  core.tracing.round(core.name, id, turn, step.n);
   for (;;) {
     if (core.stopping()) return;
     const s = ctx.session();

@@ -20,6 +20,7 @@
  * durations. Never a key, a token, a header or a cell's environment.
  */
 import type { Context, Span, SpanStatusCode as SpanStatusCodes, Tracer, TextMapPropagator } from "@opentelemetry/api";
+import type { IdGenerator } from "@opentelemetry/sdk-trace-base";
 import { createHash } from "node:crypto";
 import type { Logger } from "pino";
 import type { LogEvent, NewEvent, TokenUsage } from "../state/events.js";
@@ -27,6 +28,14 @@ import { VERSION } from "../version.js";
 
 /** A cell as its span describes it: a cmd cell's argv, a script cell's size and digest. */
 export type TracedCell = { readonly id: number; readonly kind: "cmd"; readonly argv: readonly string[] } | { readonly id: number; readonly kind: "script"; readonly source: string };
+
+/** What makes a run itself, from its `session_created`: its trace id derives from it. */
+export interface RunIdentity {
+  readonly goal: string;
+  readonly created_at: string;
+  /** The run's random effect seed (null for runs created before it existed). */
+  readonly seed: string | null;
+}
 
 /** How a cell's process ended (the executor's outcome), as its span records it. */
 export interface TracedOutcome {
@@ -61,10 +70,12 @@ export interface ModelCallSpan {
 /** The hooks the harness calls. Every method is cheap and never throws. */
 export interface Tracing {
   readonly enabled: boolean;
+  /** Tells how to look up the runs of database `db` (called once per harness, at open). */
+  database(db: string, lookup: (session: string) => RunIdentity | undefined): void;
   /** Wraps one commit of `events` to database `db`: a span from `send` until it resolves or fails. */
   commit<T extends readonly LogEvent[]>(db: string, events: readonly NewEvent[], send: () => Promise<T>): Promise<T>;
   /** Round `n` (`turn`) of a session begins; the previous round's span ends. The same turn again continues it. */
-  round(db: string, session: string, turn: string, n: number, goal: string): void;
+  round(db: string, session: string, turn: string, n: number): void;
   /** A model call begins (attempt `attempt` of the session's current round). */
   modelCall(db: string, session: string, model: string, attempt: number): ModelCallSpan;
   /** A cell launch begins. */
@@ -79,6 +90,7 @@ const NO_CALL: ModelCallSpan = { end: () => undefined, fail: () => undefined };
 /** Tracing off: nothing is recorded, nothing is loaded. */
 export const NO_TRACING: Tracing = {
   enabled: false,
+  database: () => undefined,
   commit: (_db, _events, send) => send(),
   round: () => undefined,
   modelCall: () => NO_CALL,
@@ -138,7 +150,8 @@ async function setUp(env: NodeJS.ProcessEnv, logger: Logger): Promise<Tracing> {
   const exporter = new exporterLib.OTLPTraceExporter(fromEnv === null ? { timeoutMillis: timeoutMs } : {});
   // service.name "cairn" unless OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES say otherwise.
   const resource = new resources.Resource({ [semconv.ATTR_SERVICE_NAME]: "cairn", [semconv.ATTR_SERVICE_VERSION]: VERSION }).merge(resources.envDetectorSync.detect());
-  const provider = new sdk.BasicTracerProvider({ resource, spanProcessors: [new sdk.BatchSpanProcessor(exporter)] });
+  const ids = new DurableIds(new sdk.RandomIdGenerator());
+  const provider = new sdk.BasicTracerProvider({ resource, idGenerator: ids, spanProcessors: [new sdk.BatchSpanProcessor(exporter)] });
   let failures = 0;
   const failed = (err: unknown) => {
     failures++;
@@ -153,7 +166,7 @@ async function setUp(env: NodeJS.ProcessEnv, logger: Logger): Promise<Tracing> {
   if (env.TRACESTATE !== undefined) carrier.tracestate = env.TRACESTATE;
   const parent = propagator.extract(api.ROOT_CONTEXT, carrier, api.defaultTextMapGetter);
   const tracer = provider.getTracer("cairn", VERSION);
-  return new OtelTracing(api, tracer, propagator, parent, semconv.ATTR_ERROR_TYPE, async () => {
+  return new OtelTracing(api, tracer, ids, propagator, parent, semconv.ATTR_ERROR_TYPE, async () => {
     const flushed = await bounded(provider.shutdown(), timeoutMs + 1000);
     if (flushed !== null) failed(flushed);
     if (failures > 1) logger.warn({ failures }, "tracing: span exports failed; those spans were dropped");
@@ -202,10 +215,36 @@ function bounded(p: Promise<unknown>, ms: number): Promise<unknown> {
 
 type Api = typeof import("@opentelemetry/api");
 
+/**
+ * The SDK's random ids, except a root run span's trace id, which `next` sets just before that span
+ * is started (startSpan asks for it synchronously, once).
+ */
+class DurableIds implements IdGenerator {
+  next: string | null = null;
+  constructor(private readonly random: IdGenerator) {}
+  generateTraceId(): string {
+    const id = this.next ?? this.random.generateTraceId();
+    this.next = null;
+    return id;
+  }
+  generateSpanId(): string {
+    return this.random.generateSpanId();
+  }
+}
+
+/**
+ * A run's trace id: the same in every process that drives it (after a crash, a failover, a resume),
+ * so its trace is one. A one-way hash of what makes it unique (its random seed included), so it
+ * reveals nothing of the seed.
+ */
+export function runTraceId(db: string, session: string, run: RunIdentity): string {
+  const id = createHash("sha256").update(`cairn.trace\u0000${db}\u0000${session}\u0000${run.created_at}\u0000${run.seed ?? ""}`).digest("hex").slice(0, 32);
+  return /^0+$/.test(id) ? "1".padStart(32, "0") : id;
+}
+
 /** The spans of one run in this process. */
 interface RunSpans {
   readonly run: Span;
-  goalSet: boolean;
   round: { readonly turn: string; readonly span: Span } | null;
   ended: boolean;
 }
@@ -215,6 +254,9 @@ const text = (s: string): string => (s.length > MAX_TEXT ? `${s.slice(0, MAX_TEX
 class OtelTracing implements Tracing {
   readonly enabled = true;
   private readonly runs = new Map<string, RunSpans>();
+  private readonly lookups = new Map<string, (session: string) => RunIdentity | undefined>();
+  /** The process was started inside a trace (TRACEPARENT): its runs join that trace instead. */
+  private readonly inherited: boolean;
   /** Keys of ended runs still in `runs`, oldest first. */
   private readonly ended = new Set<string>();
   private readonly OK: SpanStatusCodes;
@@ -223,6 +265,7 @@ class OtelTracing implements Tracing {
   constructor(
     private readonly api: Api,
     private readonly tracer: Tracer,
+    private readonly ids: DurableIds,
     private readonly propagator: TextMapPropagator,
     private readonly parent: Context,
     private readonly errorType: string,
@@ -230,14 +273,25 @@ class OtelTracing implements Tracing {
   ) {
     this.OK = api.SpanStatusCode.OK;
     this.ERROR = api.SpanStatusCode.ERROR;
+    const outer = api.trace.getSpanContext(parent);
+    this.inherited = outer !== undefined && api.isSpanContextValid(outer);
   }
 
-  private runOf(db: string, session: string): RunSpans {
+  database(db: string, lookup: (session: string) => RunIdentity | undefined): void {
+    this.lookups.set(db, lookup);
+  }
+
+  /** The spans of run `session` of `db`, its run span started on first use (`known`: from the commit creating it). */
+  private runOf(db: string, session: string, known?: RunIdentity): RunSpans {
     const key = `${db}\u0000${session}`;
     let r = this.runs.get(key);
     if (r === undefined) {
+      const id = known ?? this.lookups.get(db)?.(session);
+      if (id !== undefined && !this.inherited) this.ids.next = runTraceId(db, session, id);
       const run = this.tracer.startSpan("run", { attributes: { "cairn.db": db, "cairn.session": session } }, this.parent);
-      r = { run, goalSet: false, round: null, ended: false };
+      this.ids.next = null;
+      r = { run, round: null, ended: false };
+      if (id !== undefined) this.setGoal(r, id.goal);
       this.runs.set(key, r);
     }
     return r;
@@ -251,9 +305,9 @@ class OtelTracing implements Tracing {
   async commit<T extends readonly LogEvent[]>(db: string, events: readonly NewEvent[], send: () => Promise<T>): Promise<T> {
     const first = events[0];
     if (first === undefined) return send();
-    const r = this.runOf(db, first.session);
-    const created = events.find((e) => e.kind === "session_created");
-    if (created !== undefined && !r.goalSet) this.setGoal(r, (created.body as { goal: string }).goal);
+    const created = events.find((e) => e.kind === "session_created" && e.session === first.session);
+    const body = created?.body as { goal: string; effect_seed?: string } | undefined;
+    const r = this.runOf(db, first.session, created === undefined ? undefined : { goal: body!.goal, created_at: created.at, seed: body!.effect_seed ?? null });
     const kinds = [...new Set(events.map((e) => e.kind))];
     const span = this.tracer.startSpan(
       "commit",
@@ -292,7 +346,6 @@ class OtelTracing implements Tracing {
 
   private setGoal(r: RunSpans, goal: string): void {
     r.run.setAttribute("cairn.goal", text(goal));
-    r.goalSet = true;
   }
 
   private endRound(r: RunSpans): void {
@@ -311,9 +364,8 @@ class OtelTracing implements Tracing {
     r.ended = true;
   }
 
-  round(db: string, session: string, turn: string, n: number, goal: string): void {
+  round(db: string, session: string, turn: string, n: number): void {
     const r = this.runOf(db, session);
-    if (!r.goalSet) this.setGoal(r, goal);
     if (r.round?.turn === turn) return;
     this.endRound(r);
     const span = this.tracer.startSpan(`round ${n}`, { attributes: { "cairn.session": session, "cairn.round.turn": turn, "cairn.round.n": n } }, this.api.trace.setSpan(this.api.ROOT_CONTEXT, r.run));

@@ -288,6 +288,49 @@ describe("a cairn run started inside a trace (its own TRACEPARENT)", () => {
   });
 });
 
+describe("a run keeps one trace across the processes that drive it", () => {
+  const receiver = new Receiver();
+  after(() => receiver.close());
+
+  it("stopped by SIGTERM while a cell runs, then resumed by another process: one trace, a run span from each", async () => {
+    const url = await receiver.start();
+    const file = join(t.dir, "resumed.json");
+    const rounds = [
+      { patch: [{ op: "test", path: "/revision", value: 0 }, { op: "add", path: "/cells/-", value: { id: 1, previous_id: null, kind: "cmd", argv: ["sleep", "60"] } }] },
+      { patch: [{ op: "test", path: "/revision", value: 1 }, { op: "add", path: "/cells/-", value: { id: 2, previous_id: null, kind: "note", role: "conclusion", result: "failure", text: "interrupted" } }] },
+    ];
+    writeFileSync(file, JSON.stringify({ rounds }));
+    const cwd = join(t.dir, "resumed-work");
+    mkdirSync(cwd, { recursive: true });
+    const common = ["--db", "resumed", "--data-dir", join(t.dir, "data"), "--model", `scripted:${file}`];
+    const env = cleanEnv({ OTEL_EXPORTER_OTLP_ENDPOINT: url });
+    const first = spawn(process.execPath, ["--import", "tsx", ENTRY, "run", "sleep, then give up", ...common, "--cwd", cwd], { cwd: ROOT, env, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    first.stdout.setEncoding("utf8").on("data", (d: string) => (stdout += d));
+    first.stderr.resume();
+    const exited = new Promise<number | null>((resolve) => first.on("close", (code) => resolve(code)));
+    const guard = setTimeout(() => first.kill("SIGKILL"), 180_000);
+    try {
+      for (let i = 0; i < 1200 && !/\[cell 1\] started/.test(stdout); i++) await new Promise((r) => setTimeout(r, 100));
+      assert.match(stdout, /\[cell 1\] started/);
+      first.kill("SIGTERM");
+      assert.equal(await exited, 143, stdout);
+    } finally {
+      clearTimeout(guard);
+      first.kill("SIGKILL");
+    }
+    const fromFirst = receiver.spans.length;
+    assert.ok(fromFirst > 0, "the stopped process flushed its spans");
+    const resumed = await cairn(["resume", ...common], { env, timeoutMs: 180_000 });
+    assert.equal(resumed.code, 1, resumed.stderr + resumed.stdout);
+    assert.ok(receiver.spans.length > fromFirst, "the resuming process exported its own spans");
+    assert.deepEqual(new Set(receiver.spans.map((s) => s.traceId)).size, 1, "one trace for the run, across both processes");
+    const runs = receiver.spans.filter((s) => s.name === "run");
+    assert.deepEqual(runs.map((r) => r.attrs["cairn.run.result"]).sort(), ["failure", "not_ended"]);
+    for (const r of runs) assert.equal(r.attrs["cairn.goal"], "sleep, then give up");
+  });
+});
+
 describe("cairn serve traces the runs it drives", () => {
   const receiver = new Receiver();
   after(() => receiver.close());
