@@ -5,17 +5,19 @@
  * Enabled only when the standard variables name a collector (`OTEL_EXPORTER_OTLP_ENDPOINT` or
  * `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn it
  * off). Otherwise {@link NO_TRACING} is used: no `@opentelemetry` module is loaded (the SDK is imported
- * lazily, in {@link startTracing}) and every hook is a call on an empty object.
+ * lazily, in {@link startTracing}) and every hook is a call that does nothing.
  *
  * The tree: `run` (one per session this process drives; its parent is the process's own
- * `TRACEPARENT` when it has one) > `round N` (from the round's start until the next round begins or
+ * `TRACEPARENT` when it has one, else its trace id derives from the run's identity, so every process
+ * that drives the run adds to one trace) > `round N` (from the round's start until the next round begins or
  * the run ends, so the cells its patch set running belong to it) > `chat MODEL`, `commit`, `cell N`.
  * A commit before the first round (the run's creation) hangs from the run span. A cell's span is its
  * launch, from its gate's preparation to its recorded result; the cell gets it as `TRACEPARENT`, so
  * its own tools can join the trace.
  *
  * A trace never breaks a run: spans are batched and exported off the run's path; an exporter that
- * cannot reach its collector logs once and drops spans; shutdown waits at most the export timeout.
+ * cannot reach its collector logs once and drops spans; shutdown waits at most the export timeout
+ * and a second.
  * What goes into attributes: ids, kinds, counts, sizes, the goal, a cmd cell's argv, exit codes and
  * durations. Never a key, a token, a header or a cell's environment.
  */
@@ -67,7 +69,7 @@ export interface ModelCallSpan {
   fail(err: unknown): void;
 }
 
-/** The hooks the harness calls. Every method is cheap and never throws. */
+/** The hooks the harness calls. Every method is cheap and throws nothing of its own (`commit` passes on the commit's failure). */
 export interface Tracing {
   readonly enabled: boolean;
   /** Tells how to look up the runs of database `db` (called once per harness, at open). */
