@@ -17,6 +17,7 @@ import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cairn, ENTRY, ROOT } from "../cli/support.js";
 import { cellEnvironment } from "../../src/exec/environment.js";
+import { tracingWanted } from "../../src/observability/tracing.js";
 import { tempDir } from "../harness/support.js";
 
 const t = tempDir("cairn-tracing-");
@@ -385,6 +386,19 @@ describe("a cell's trace context comes from its own span, never from the harness
 
   it("without tracing, a context the operator names (--cell-env TRACEPARENT) passes", () => {
     assert.deepEqual(cellEnvironment(host, ["TRACEPARENT"], {}), { PATH: "/bin", TRACEPARENT: host.TRACEPARENT });
+  });
+});
+
+describe("which variables turn tracing on", () => {
+  it("an endpoint (general or for traces) turns it on; OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn it off; blanks are unset", () => {
+    assert.equal(tracingWanted({}), false);
+    assert.equal(tracingWanted({ OTEL_EXPORTER_OTLP_ENDPOINT: "  " }), false);
+    assert.equal(tracingWanted({ OTEL_SERVICE_NAME: "x", OTEL_EXPORTER_OTLP_HEADERS: "a=b" }), false);
+    assert.equal(tracingWanted({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://c:4318" }), true);
+    assert.equal(tracingWanted({ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: "http://c:4318/v1/traces" }), true);
+    assert.equal(tracingWanted({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://c:4318", OTEL_SDK_DISABLED: "TRUE" }), false);
+    assert.equal(tracingWanted({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://c:4318", OTEL_SDK_DISABLED: "false" }), true);
+    assert.equal(tracingWanted({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://c:4318", OTEL_TRACES_EXPORTER: "none" }), false);
   });
 });
 
