@@ -8,6 +8,7 @@ import { RunBlocked } from "../harness/model-retry.js";
 import { createModel } from "../model/providers.js";
 import type { Model } from "../model/contract.js";
 import { createLogger, parseLogLevel, type Logger } from "../observability/logger.js";
+import { startTracing } from "../observability/tracing.js";
 import type { Budgets } from "../state/events.js";
 import { durationSeconds, flag, list, parse, positiveInt, required, splitCommand, str, UsageError, type Parsed } from "./args.js";
 import { EXIT } from "./exit.js";
@@ -212,6 +213,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
   let h: Harness | null = null;
   let lease: HeldLease | "no-leases" | null = null;
   let unfollow = () => {};
+  const tracing = await startTracing(io.env, logger);
   try {
     // A run given by id that exists already: report it, or continue it (a scheduler's retry).
     let session: string | undefined = plan?.session;
@@ -271,7 +273,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
     for (let opens = 1; ; opens++) {
       const openedAt = performance.now();
       try {
-        h = await Harness.open({ storage, name, model, workDir: choice.dataDir, create: command === "run", logger, limits, sandbox, approval, submitCwd: plan?.cwd ?? process.cwd(), ...(faults ? { faults } : {}) });
+        h = await Harness.open({ storage, name, model, workDir: choice.dataDir, create: command === "run", logger, tracing, limits, sandbox, approval, submitCwd: plan?.cwd ?? process.cwd(), ...(faults ? { faults } : {}) });
         owned?.attach(h, openedAt);
         const harness = h;
         say(`cairn: database "${name}" (${choice.describe}), epoch ${harness.epoch}, model ${model.name}, cells ${harness.sandbox.kind === "bwrap" ? "sandboxed (bubblewrap)" : "NOT sandboxed"}`);
@@ -352,6 +354,7 @@ async function drive(command: "run" | "resume", p: Parsed, io: Io, plan: RunPlan
     process.off("SIGTERM", onSignal);
     unfollow();
     await closeOwner(h, lease);
+    await tracing.shutdown();
     await model.close?.().catch(() => undefined);
     await storage.close().catch(() => undefined);
   }

@@ -15,6 +15,7 @@ import { resolve } from "node:path";
 import { Harness } from "../harness/harness.js";
 import { Metrics, type WorkerState } from "../observability/metrics.js";
 import { parseListen, startObservabilityServer, type ObservabilityServer } from "../observability/server.js";
+import { startTracing } from "../observability/tracing.js";
 import type { HeldLease, LeaseView } from "../storage/contract.js";
 import { durationSeconds, flag, parse, str, UsageError } from "./args.js";
 import { EXIT } from "./exit.js";
@@ -227,6 +228,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
   process.once("SIGTERM", onSig);
   process.once("SIGINT", onSig);
   let lease: HeldLease | "no-leases" | null = null;
+  const tracing = await startTracing(io.env, logger);
   try {
     // 3. The database must exist (a typo must not create an empty one and report ready).
     if (!create) {
@@ -268,7 +270,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     for (let opens = 1; ; opens++) {
       const openedAt = performance.now();
       try {
-        h = await Harness.open({ storage, name, model, workDir: choice.dataDir, logger, metrics, create, submitCwd: cwd, limits, sandbox, approval, ...(faults ? { faults } : {}) });
+        h = await Harness.open({ storage, name, model, workDir: choice.dataDir, logger, metrics, tracing, create, submitCwd: cwd, limits, sandbox, approval, ...(faults ? { faults } : {}) });
         owned?.attach(h, openedAt);
         const harness = h;
         setState("owner", `owns "${name}" at epoch ${harness.epoch}`);
@@ -317,6 +319,7 @@ export async function serveCommand(argv: readonly string[], io: Io): Promise<num
     process.off("SIGINT", onSig);
     setState("stopping", "stopping");
     await closeOwner(h, lease);
+    await tracing.shutdown();
     await routes.close();
     await server.close();
     await model.close?.().catch(() => undefined);

@@ -8,6 +8,7 @@ import type { LogEvent, NewEvent } from "../state/events.js";
 import type { SessionProjection } from "../state/projection.js";
 import type { Model } from "../model/contract.js";
 import type { Metrics } from "../observability/metrics.js";
+import type { Tracing } from "../observability/tracing.js";
 import type { HarnessLimits } from "./options.js";
 import type { ApprovalRule } from "../state/approval.js";
 import type { HarnessWorld, TimerFunctions } from "./world.js";
@@ -38,6 +39,8 @@ export interface HarnessCore {
   readonly limits: HarnessLimits;
   readonly logger: Logger;
   readonly metrics: Metrics | null;
+  /** Spans of this harness's runs (NO_TRACING when traces are off). */
+  readonly tracing: Tracing;
   readonly faults: HarnessFaults | null;
   /** The world's timer functions (real ones unless a test injects its own). */
   readonly timers: TimerFunctions;
@@ -93,10 +96,14 @@ export interface CoreOwner {
 
 /** The HarnessCore of database `name`, with `owner` behind its commit path and status. */
 export function createCore(
-  config: Pick<HarnessCore, "name" | "world" | "model" | "limits" | "logger" | "metrics" | "faults" | "approval">,
+  config: Pick<HarnessCore, "name" | "world" | "model" | "limits" | "logger" | "metrics" | "tracing" | "faults" | "approval">,
   owner: CoreOwner,
 ): HarnessCore {
   const { name, world } = config;
+  config.tracing.database(name, (session) => {
+    const s = owner.session(session);
+    return s === undefined ? undefined : { goal: s.goal, created_at: s.created_at, seed: s.effect_seed };
+  });
   return {
     ...config,
     timers: world.timers ?? realTimers,

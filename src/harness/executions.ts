@@ -11,11 +11,13 @@ import { finishedEvents, lostWorker, processFinished } from "../state/outcomes.j
 import type { ExecutionRecord } from "../state/projection.js";
 import type { ExecutableCell } from "../state/schema.js";
 import type { SessionContext } from "./session.js";
+import type { CellSpan } from "../observability/tracing.js";
 import type { LaunchSpec, Prepared } from "./world.js";
 
-/** A launch's spec and what ends it on the harness's side (its cell token). */
+/** A launch's spec, its span, and what ends it on the harness's side (its cell token, its span). */
 interface Launch {
   readonly spec: LaunchSpec;
+  readonly trace: CellSpan;
   readonly ended: () => void;
 }
 
@@ -184,12 +186,13 @@ export class Executions {
     const s = this.ctx.session();
     let chunk = firstChunk;
     const { env, boundary, ended } = core.cellLaunch(id, cell.id);
+    const trace = core.tracing.cell(core.name, id, cell);
     const spec: LaunchSpec = {
       cellId: cell.id,
       cell: cell.kind === "cmd" ? { kind: "cmd", argv: [...cell.argv] } : { kind: "script", source: cell.source },
       cwd: s.cwd,
       scriptDir: core.scriptDir(id),
-      env,
+      env: { ...env, ...trace.env },
       boundary,
       wallTimeMs: core.limits.executionWallTimeMs,
       outputLimitBytes: core.limits.executionOutputLimitBytes,
@@ -207,7 +210,7 @@ export class Executions {
         }
       },
     };
-    return { spec, ended };
+    return { spec, trace, ended: () => (ended(), trace.end()) };
   }
 
   private async launchOnce(cell: ExecutableCell, ex: ExecutionRecord): Promise<void> {
@@ -230,6 +233,7 @@ export class Executions {
       prepared = await this.prepareOrError(cell.id, launch.spec);
     }
     if (prepared.kind === "unlaunchable") {
+      launch.trace.outcome(prepared.outcome);
       launch.ended();
       await this.finish(cell.id, ex.kind, prepared.outcome, null);
       return;
@@ -270,6 +274,7 @@ export class Executions {
     core.logger.info({ session: id, cell: cell.id, pid: prepared.identity.pid }, "cell started");
     void prepared.done
       .then(async (outcome) => {
+        launch.trace.outcome(outcome);
         if (core.stopping() && running.stoppedBy === null) return; // recorded as it is: the next owner decides
         await this.finish(cell.id, ex.kind, outcome, running);
       })

@@ -24,6 +24,7 @@ import { CairnError, ConfigError } from "../errors.js";
 import type { Model } from "../model/contract.js";
 import { reportGauges } from "../observability/gauges.js";
 import type { Metrics } from "../observability/metrics.js";
+import { NO_TRACING, type Tracing } from "../observability/tracing.js";
 import { Boundaries, type SandboxState } from "./boundary.js";
 import { createCore, type HarnessCore, type HarnessFaults } from "./core.js";
 import { summarize, type Inspection } from "./inspect.js";
@@ -71,7 +72,7 @@ export class Harness {
     private readonly db: Database,
     private readonly storage: Storage,
     readonly name: string,
-    parts: { model: Model; world: HarnessWorld; logger: Logger; metrics: Metrics | null; limits: HarnessLimits; faults: HarnessFaults | null; approval: readonly ApprovalRule[] },
+    parts: { model: Model; world: HarnessWorld; logger: Logger; metrics: Metrics | null; tracing: Tracing; limits: HarnessLimits; faults: HarnessFaults | null; approval: readonly ApprovalRule[] },
     private readonly boundaries: Boundaries,
     snapshots: Partial<SnapshotPolicy> | false | undefined,
   ) {
@@ -135,7 +136,7 @@ export class Harness {
     }
     let h: Harness;
     try {
-      const parts = { model: options.model, world, limits: defaultLimits(options.limits), metrics: options.metrics ?? null, faults: options.faults ?? null, approval: approvalRules(options.approval) };
+      const parts = { model: options.model, world, limits: defaultLimits(options.limits), metrics: options.metrics ?? null, tracing: options.tracing ?? NO_TRACING, faults: options.faults ?? null, approval: approvalRules(options.approval) };
       h = new Harness(db, options.storage, options.name, { ...parts, logger: logger.child({ db: options.name, epoch: db.epoch, host: world.host }) }, boundaries, options.snapshots);
       h.reducer = await loadProjection(db);
       h.unwatch = db.watch((signal) => h.onSignal(signal));
@@ -329,7 +330,7 @@ export class Harness {
 
   /** The one commit path (committer.ts): folded in log order, followed. */
   private commit(caller: readonly NewEvent[]): Promise<readonly LogEvent[]> {
-    return this.committer.commit(caller);
+    return this.core.tracing.commit(this.name, caller, () => this.committer.commit(caller));
   }
 
   private afterCommit(logged: readonly LogEvent[]): void {

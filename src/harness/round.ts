@@ -32,6 +32,7 @@ export async function runRound(ctx: SessionContext, step: Extract<NextStep, { ki
     pending.push(event("turn_prepared", id, identity.turn(turn), core.nowIso(), { turn, n: step.n, revision: ctx.session().state.revision, delivered: [...step.delivered] }));
   }
   const started = core.world.clock.now();
+  core.tracing.round(core.name, id, turn, step.n);
   for (;;) {
     if (core.stopping()) return;
     const s = ctx.session();
@@ -96,6 +97,7 @@ async function callModel(
   const { core, id } = ctx;
   await core.commit([...before, event("model_attempt", id, identity.attempt(turn, attempt), core.nowIso(), { turn, attempt })]);
   let reply: { patch: unknown; usage: Usage | null };
+  const span = core.tracing.modelCall(core.name, id, core.model.name, attempt);
   try {
     reply = await core.model.step({
       state: ctx.session().state,
@@ -106,10 +108,12 @@ async function callModel(
     });
     if (reply === null || typeof reply !== "object") throw new TypeError(`the model returned ${String(reply)} instead of {patch, usage}`);
   } catch (err) {
+    span.fail(err);
     const after = ctx.session();
     if (core.stopping() || after.terminal !== null || after.cancel_requested !== null) return "stop";
     return modelFailed(ctx, turn, attempt, err);
   }
+  span.end(reply.usage ?? null);
   streaks.delete(ctx);
   core.metrics?.modelAttempt("ok");
   if (reply.usage) core.metrics?.tokens(reply.usage.input_tokens, reply.usage.output_tokens);

@@ -9,6 +9,7 @@ import type { Storage } from "../storage/contract.js";
 import type { SnapshotPolicy } from "../storage/snapshots.js";
 import type { Model } from "../model/contract.js";
 import type { Metrics } from "../observability/metrics.js";
+import type { Tracing } from "../observability/tracing.js";
 import type { HarnessFaults } from "./core.js";
 import type { HarnessLimits } from "./options.js";
 import type { HarnessWorld } from "./world.js";
@@ -31,6 +32,8 @@ export interface HarnessOpenOptions {
   readonly world?: HarnessWorld;
   readonly logger?: Logger;
   readonly metrics?: Metrics;
+  /** OpenTelemetry spans of runs, rounds, model calls, commits and cells (default: none). */
+  readonly tracing?: Tracing;
   readonly limits?: Partial<HarnessLimits>;
   /** Test-only fault points (see HarnessFaults). */
   readonly faults?: HarnessFaults;
