@@ -42,6 +42,7 @@ const HEAVY = [
   "/node_modules/prom-client/",
   "/node_modules/pino-pretty/",
   "/node_modules/execa/",
+  "/node_modules/@opentelemetry/",
   "/storage-adapters/replicated/",
   "/src/ui/server.",
   "/src/ui/http.",
