@@ -6,7 +6,8 @@
  *  - with a slow disk (the real server in this process, its fsync held back), a reader sees the
  *    in-flight record, waits for the tail to catch up and goes on; nothing is reported as damaged;
  *  - a tail that stays behind what the server returned (it lost those bytes: here, the end of the
- *    stream file cut off while it was down) is refused by every reader, never read past.
+ *    stream file cut off while it was down) is refused by every reader that read them, never read
+ *    past, and an owner that the server then answers with an offset before them is poisoned.
  */
 import assert from "node:assert/strict";
 import { mkdtempSync, readdirSync, rmSync, statSync, truncateSync } from "node:fs";
@@ -120,25 +121,36 @@ describe("durable-streams: a read that ran ahead of the server's tail", { timeou
       assert.equal(await reader.head(), 2);
       const { size, file } = logSegment(server.dir, "rewound/log");
       const cut = (await rawRead(`${server.url}/rewound/log`, "-1")).messages.length;
-      await db.commit([inbox("s1", "lost")]);
+      await db.commit([inbox("s1", "lost", { pad: "x".repeat(2000) })]);
       assert.equal(await reader.head(), 3);
-      await db.close();
       // The server loses the last append it acknowledged and returned (what a disk that lied about
       // its fsync leaves after a power loss): its stream file ends where it ended before it.
       await server.kill();
       truncateSync(file, size);
       await server.restart();
       assert.equal((await rawRead(`${server.url}/rewound/log`, "-1")).messages.length, cut, "the server came back without the record");
+      // A reader that never saw the record cannot know it was there: the log it reads is the server's.
+      const other = await fresh.reader("rewound");
+      assert.equal(await other.head(), 2);
+      await other.close();
       await assert.rejects(
         reader.head(),
         (err: unknown) => hasCode(err, "uncertain") && /lost or rewound data it had returned/.test((err as Error).message),
         "a reader that read the lost record refuses the stream",
       );
       await assert.rejects(reader.read(0), (err: unknown) => hasCode(err, "uncertain"), "and keeps refusing it");
-      // A reader that never saw the record cannot know it was there: the log it reads is the server's.
-      const other = await fresh.reader("rewound");
-      assert.equal(await other.head(), 2);
-      await other.close();
+      // The owner, whose log ran up to that record: the server accepts its next commit (it still knows
+      // the producer's seq) at an offset before the end of what it had returned. Refused, loudly.
+      await assert.rejects(
+        db.commit([inbox("s1", "after")]),
+        (err: unknown) => hasCode(err, "uncertain") && /lost or rewound data it had returned/.test((err as Error).message),
+        "the owner does not go on on a rewound stream",
+      );
+      assert.equal(db.stats().poisoned, true);
+      // The server appended that commit after the gap the lost one left: now every reader refuses the log.
+      const late = await fresh.reader("rewound");
+      await assert.rejects(late.head(), (err: unknown) => hasCode(err, "uncertain") && /producer seq 5\) right after commit \(epoch 1, producer seq 3\)/.test((err as Error).message));
+      await late.close();
     } finally {
       await storage.close();
       await fresh.close();
