@@ -111,8 +111,8 @@ describe("durable-streams: a read that ran ahead of the server's tail", { timeou
 
   it("a tail that stays behind what the server returned (bytes it lost) is refused, never read past", async () => {
     const server = await devServer("rewound");
-    const storage = createDurableStreamsStorage({ url: server.url, requestTimeoutMs: 1000 });
-    const fresh = createDurableStreamsStorage({ url: server.url, requestTimeoutMs: 1000 });
+    const storage = createDurableStreamsStorage({ url: server.url, requestTimeoutMs: 3000 });
+    const fresh = createDurableStreamsStorage({ url: server.url, requestTimeoutMs: 3000 });
     try {
       const db = await storage.open("rewound");
       await db.commit([sessionCreated("s1")]);
