@@ -278,6 +278,12 @@ export class DsDatabase implements Database {
 
   /** Applies this owner's record, answered with `next`; falls back to reading the log when the fold cannot place it. */
   private async landOwn(record: CommitRecord, next: string): Promise<void> {
+    if (this.view.rewoundBefore(next)) {
+      this.poisoned = new StorageFailure(
+        `commit to database "${this.name}": the Durable Streams server answered it with offset ${next}, not after ${this.view.end}, up to which it had already returned the log: it lost or rewound data it had returned. The log is damaged on the server; this handle is unusable.`,
+      );
+      throw this.poisoned;
+    }
     try {
       this.view.applyOwn(record, next);
       return;

@@ -15,6 +15,8 @@
  * that wrote must resolve by reading, never by guessing.
  */
 
+import { setTimeout as delay } from "node:timers/promises";
+
 /** A request whose outcome is unknown: no answer, a timeout, a reset connection, or a server error (5xx). */
 export class DsTransportError extends Error {
   constructor(message: string, options: { cause?: unknown } = {}) {
@@ -181,9 +183,29 @@ export class Wire {
 
   /**
    * Reads the messages after `offset` (START for the beginning). `live` makes it a long-poll: the
-   * server answers when data arrives or its own timeout passes ("timeout").
+   * server answers when data arrives or its own timeout passes ("timeout"). Offsets of one stream are
+   * compared as strings, which the protocol defines as their order (PROTOCOL.md section 6).
    */
   async read(path: string, offset: string, live = false, signal?: AbortSignal): Promise<ReadResult> {
+    // An empty answer whose offset lies before `offset` is the reference server mid-append: its reads
+    // return every whole frame in the stream file, including one written but not yet fsynced and
+    // counted in its metadata, whose offset (the tail it answers with nothing to return) comes once
+    // that append completes. Such a tail catches up within an append's time; one that stays behind
+    // is a server that no longer holds what it returned, and is refused, never read past.
+    const deadline = Date.now() + this.options.requestTimeoutMs;
+    for (let pause = 5; ; pause = Math.min(pause * 2, 200)) {
+      const res = await this.readOnce(path, offset, live, signal);
+      if (!(res.kind === "data" && res.messages.length === 0 && offset !== START && res.next < offset)) return res;
+      if (Date.now() >= deadline) {
+        throw new DsProtocolError(
+          `read of ${this.url(path)} from offset ${offset} answered the tail ${res.next}, before what it had already returned, for ${this.options.requestTimeoutMs} ms: the server lost or rewound data it had returned`,
+        );
+      }
+      await delay(pause, undefined, signal === undefined ? undefined : { signal });
+    }
+  }
+
+  private async readOnce(path: string, offset: string, live: boolean, signal: AbortSignal | undefined): Promise<ReadResult> {
     const query = `offset=${encodeURIComponent(offset)}${live ? "&live=long-poll" : ""}`;
     const res = await this.send(`${path}?${query}`, { method: "GET" }, signal, live ? this.options.longPollTimeoutMs : undefined);
     if (res.status === 404) {
@@ -215,10 +237,11 @@ export class Wire {
     }
     if (!Array.isArray(messages)) throw new DsProtocolError(`read of ${this.url(path)} answered JSON that is not an array of messages`);
     // No message after `offset` means the tail is `offset` (PROTOCOL.md 5.6). A server that answers
-    // nothing yet moves the offset holds bytes it cannot return as messages (the reference server,
-    // after a torn frame at the end of a stream file that its recovery left in place): refuse to skip them.
-    // Callers read until an empty answer (log-view.ts) so that this check sees every tail.
-    if (messages.length === 0 && offset !== START && next !== offset) {
+    // nothing yet moves the offset forward holds bytes it cannot return as messages (the reference
+    // server, after a torn frame at the end of a stream file that its recovery left in place): refuse
+    // to skip them. (A tail before `offset` is handled by `read`.) Callers read until an empty answer
+    // (log-view.ts) so that this check sees every tail.
+    if (messages.length === 0 && offset !== START && next > offset) {
       throw new DsProtocolError(`read of ${this.url(path)} from offset ${offset} returned no message but moved the offset to ${next}: the server holds data there it cannot return (a damaged stream file?)`);
     }
     return { kind: "data", messages, next, upToDate: res.headers.get("stream-up-to-date") === "true" };

@@ -104,6 +104,16 @@ export class LogView {
     }
   }
 
+  /**
+   * True when `next`, the offset a server answered an append of this handle with, does not lie after
+   * everything this view has read: the server no longer holds (lost or rewound) data it returned.
+   * Reads only end at a tail the server has counted (http.ts), so this never holds on a server that
+   * keeps what it returned. Hold the lock.
+   */
+  rewoundBefore(next: string): boolean {
+    return this.end !== START && next <= this.end;
+  }
+
   /** Applies a record this handle appended itself and that the server answered with offset `next`. Hold the lock. */
   applyOwn(record: LogRecord, next: string): Applied {
     const applied = this.apply(record);
