@@ -65,6 +65,8 @@ export interface ApiContext {
   readonly heartbeatMs: number;
   /** Aborted when the server closes: event streams end. */
   readonly closing: AbortSignal;
+  /** The event streams open now, each settled once its response ended: closing waits for them. */
+  readonly streams: Set<Promise<void>>;
 }
 
 /** Parses `body` with `schema`; a mismatch is a 400 naming the field (and, for an unknown one, the fields known). */

@@ -233,7 +233,9 @@ const stream: Route = {
     if (lastId !== null && !/^\d{1,15}$/.test(lastId)) throw new ApiError(400, "bad_header", `Last-Event-ID must be the seq of the last event received (a whole number), got ${JSON.stringify(lastId.slice(0, 40))}`);
     const after = lastId !== null ? Number(lastId) : intParam(r.query, "after", 0, Number.MAX_SAFE_INTEGER);
     await knownRun(r.api, id);
-    await streamEvents(r, id, after);
+    const open = streamEvents(r, id, after);
+    r.api.streams.add(open);
+    await open.finally(() => r.api.streams.delete(open));
     return null;
   },
 };
@@ -442,7 +444,7 @@ function sameOrigin(origin: string, req: IncomingMessage): boolean {
 export function createApiHandler(opts: ApiOptions): ApiHandler {
   const routes = [...ROUTES, ...(opts.routes ?? [])];
   const closing = new AbortController();
-  const api: ApiContext = { storage: opts.storage, name: opts.name, logger: opts.logger, waitMs: opts.waitMs ?? 30_000, pollMs: opts.pollMs ?? 200, heartbeatMs: opts.heartbeatMs ?? 15_000, closing: closing.signal };
+  const api: ApiContext = { storage: opts.storage, name: opts.name, logger: opts.logger, waitMs: opts.waitMs ?? 30_000, pollMs: opts.pollMs ?? 200, heartbeatMs: opts.heartbeatMs ?? 15_000, closing: closing.signal, streams: new Set() };
 
   const serve = async (req: IncomingMessage, res: ServerResponse, target: URL): Promise<void> => {
     const path = target.pathname.replace(/\/+$/, "") || "/";
@@ -488,8 +490,10 @@ export function createApiHandler(opts: ApiOptions): ApiHandler {
       return true;
     },
     async close() {
-      // Event streams end now; a steer request still following the log ends with the storage.
+      // Event streams end now, each with its last bytes sent, before the server drops connections; a
+      // steer request still following the log ends with the storage.
       closing.abort();
+      await Promise.allSettled([...api.streams]);
     },
   };
 }
