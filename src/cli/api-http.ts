@@ -182,6 +182,15 @@ export async function readBody(req: IncomingMessage, timeoutMs = BODY_TIMEOUT_MS
   }
 }
 
+/** Whether an Origin header names this server's Host (which passed the access gate); any scheme, for a TLS proxy. */
+export function sameOrigin(origin: string, req: IncomingMessage): boolean {
+  try {
+    return new URL(origin).host === new URL(`http://${req.headers.host ?? ""}`).host;
+  } catch {
+    return false;
+  }
+}
+
 /** The table, one line a route, for a 404's message. */
 export function listing(routes: readonly Route[]): string {
   return routes.map((r) => `${r.method} ${r.path}`).join(", ");

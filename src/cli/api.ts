@@ -17,7 +17,7 @@ import { createHash } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "pino";
 import { z } from "zod";
-import { API_PREFIX, ApiError, BODY_TIMEOUT_MS, intParam, listing, match, parseBody, readBody, requestId, sendApiError, sendJson, type ApiContext, type ApiRequest, type Route } from "./api-http.js";
+import { API_PREFIX, ApiError, BODY_TIMEOUT_MS, intParam, sameOrigin, listing, match, parseBody, readBody, requestId, sendApiError, sendJson, type ApiContext, type ApiRequest, type Route } from "./api-http.js";
 
 import type { LogEvent } from "../state/events.js";
 import { Budgets } from "../state/events.js";
@@ -431,14 +431,6 @@ export const ROUTES: readonly Route[] = [
 
 // ---- the handler --------------------------------------------------------------------------
 
-/** Whether an Origin header names this server's Host (which passed the access gate); any scheme, for a TLS proxy. */
-function sameOrigin(origin: string, req: IncomingMessage): boolean {
-  try {
-    return new URL(origin).host === new URL(`http://${req.headers.host ?? ""}`).host;
-  } catch {
-    return false;
-  }
-}
 
 /** Builds the API handler of database `name`, mounted on the observability server by `cairn serve`. */
 export function createApiHandler(opts: ApiOptions): ApiHandler {

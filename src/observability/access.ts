@@ -124,7 +124,7 @@ function digest(s: string): Buffer {
 
 function refuse(res: ServerResponse, status: number, body: string, extra: Record<string, string> = {}, path = ""): void {
   // A program calling the HTTP API (`cairn serve`'s /api/v1/) reads refusals as JSON, as its own.
-  if (path.startsWith("/api/v1/")) {
+  if (path === "/api/v1" || path.startsWith("/api/v1/")) {
     res.writeHead(status, { "content-type": "application/json; charset=utf-8", "cache-control": "no-store", "x-content-type-options": "nosniff", ...extra });
     res.end(`${JSON.stringify({ error: { code: status === 401 ? "token_required" : "host_refused", message: body.trim() } })}\n`);
     return;

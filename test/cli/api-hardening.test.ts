@@ -201,6 +201,7 @@ describe("the HTTP API under attack", () => {
     const cookie = await api("POST", "/api/v1/runs/r1/cancel", undefined, { authorization: "", cookie: `cairn_token=${TOKEN}` });
     refusal(cookie, 401, "token_required");
     refusal(await api("GET", "/api/v1/runs", undefined, { authorization: "Bearer x" }), 401);
+    refusal(await api("GET", "/api/v1", undefined, { authorization: "" }), 401, "token_required");
     const foreignHost = await raw(`GET /api/v1/runs HTTP/1.1\r\nHost: evil.example\r\nAuthorization: Bearer ${TOKEN}\r\nConnection: close\r\n\r\n`);
     assert.match(foreignHost, /^HTTP\/1.1 421/);
     assert.match(foreignHost, /"code":"host_refused"/);
