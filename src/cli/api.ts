@@ -485,7 +485,10 @@ export function createApiHandler(opts: ApiOptions): ApiHandler {
       // Event streams end now, each with its last bytes sent, before the server drops connections; a
       // steer request still following the log ends with the storage.
       closing.abort();
-      await Promise.allSettled([...api.streams]);
+      // Bounded: a stream still reading a long history (or a storage that hangs) never holds SIGTERM.
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([Promise.allSettled([...api.streams]), new Promise((r) => (timer = setTimeout(r, 5_000)))]);
+      clearTimeout(timer);
     },
   };
 }
