@@ -65,6 +65,8 @@ export interface ApiContext {
   readonly heartbeatMs: number;
   /** Aborted when the server closes: event streams end. */
   readonly closing: AbortSignal;
+  /** The event streams open now, each settled once its response ended: closing waits for them. */
+  readonly streams: Set<Promise<void>>;
 }
 
 /** Parses `body` with `schema`; a mismatch is a 400 naming the field (and, for an unknown one, the fields known). */
@@ -136,18 +138,40 @@ export function sendApiError(res: ServerResponse, err: ApiError): void {
   sendJson(res, err.status, { error: { code: err.code, message: err.message } }, err.headers);
 }
 
-/** Reads a JSON body of at most MAX_BODY_BYTES; `{}` when empty. */
-export async function readBody(req: IncomingMessage): Promise<unknown> {
+/** How long a body may take to arrive once its headers did: a client trickling bytes cannot hold a request open. */
+export const BODY_TIMEOUT_MS = 10_000;
+
+/**
+ * Reads a JSON body of at most MAX_BODY_BYTES within `timeoutMs`; `{}` when empty. A refusal while
+ * the body is still arriving (too large, too slow) closes the connection after the answer, so the
+ * rest is never read.
+ */
+export async function readBody(req: IncomingMessage, timeoutMs = BODY_TIMEOUT_MS): Promise<unknown> {
+  const close = { connection: "close" };
   const declared = Number(req.headers["content-length"] ?? "0");
-  if (declared > MAX_BODY_BYTES) throw new ApiError(413, "too_large", `the body is ${declared} bytes; at most ${MAX_BODY_BYTES} are read (post a reference to large data instead)`);
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > MAX_BODY_BYTES) throw new ApiError(413, "too_large", `the body is larger than ${MAX_BODY_BYTES} bytes; post a reference to large data instead`);
-    chunks.push(chunk);
-  }
-  const text = Buffer.concat(chunks).toString("utf8");
+  if (declared > MAX_BODY_BYTES) throw new ApiError(413, "too_large", `the body is ${declared} bytes; at most ${MAX_BODY_BYTES} are read (post a reference to large data instead)`, close);
+  const raw = await new Promise<Buffer>((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const finish = (err: Error | null): void => {
+      clearTimeout(timer);
+      req.off("data", onData).off("end", onEnd).off("error", onError);
+      if (err === null) return resolve(Buffer.concat(chunks));
+      req.pause();
+      reject(err);
+    };
+    const timer = setTimeout(() => finish(new ApiError(408, "body_timeout", `the body did not arrive within ${timeoutMs / 1000} s of the headers; send it whole, at once`, close)), timeoutMs);
+    const onData = (chunk: Buffer): void => {
+      size += chunk.length;
+      if (size > MAX_BODY_BYTES) finish(new ApiError(413, "too_large", `the body is larger than ${MAX_BODY_BYTES} bytes; post a reference to large data instead`, close));
+      else chunks.push(chunk);
+    };
+    const onEnd = (): void => finish(null);
+    // The client went away mid-body: nobody reads the answer, but the request ends here, cleanly.
+    const onError = (): void => finish(new ApiError(400, "body_aborted", "the connection closed before the body was complete; send the request again", close));
+    req.on("data", onData).on("end", onEnd).on("error", onError);
+  });
+  const text = raw.toString("utf8");
   if (text.trim() === "") return {};
   const type = (req.headers["content-type"] ?? "").split(";")[0]!.trim().toLowerCase();
   if (type !== "application/json") throw new ApiError(415, "bad_content_type", `the body must be JSON sent with "Content-Type: application/json", got ${JSON.stringify(type || "no Content-Type")}`);
@@ -155,6 +179,15 @@ export async function readBody(req: IncomingMessage): Promise<unknown> {
     return JSON.parse(text) as unknown;
   } catch (err) {
     throw new ApiError(400, "bad_json", `the body is not valid JSON (${(err as Error).message}); send a JSON object`);
+  }
+}
+
+/** Whether an Origin header names this server's Host (which passed the access gate); any scheme, for a TLS proxy. */
+export function sameOrigin(origin: string, req: IncomingMessage): boolean {
+  try {
+    return new URL(origin).host === new URL(`http://${req.headers.host ?? ""}`).host;
+  } catch {
+    return false;
   }
 }
 

@@ -17,7 +17,7 @@ import { createHash } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "pino";
 import { z } from "zod";
-import { API_PREFIX, ApiError, intParam, listing, match, parseBody, readBody, requestId, sendApiError, sendJson, type ApiContext, type ApiRequest, type Route } from "./api-http.js";
+import { API_PREFIX, ApiError, BODY_TIMEOUT_MS, intParam, sameOrigin, listing, match, parseBody, readBody, requestId, sendApiError, sendJson, type ApiContext, type ApiRequest, type Route } from "./api-http.js";
 
 import type { LogEvent } from "../state/events.js";
 import { Budgets } from "../state/events.js";
@@ -47,6 +47,8 @@ export interface ApiOptions {
   readonly waitMs?: number;
   readonly pollMs?: number;
   readonly heartbeatMs?: number;
+  /** How long a request body may take to arrive (default BODY_TIMEOUT_MS). */
+  readonly bodyTimeoutMs?: number;
   /** Routes added to the table (after the built-in ones). */
   readonly routes?: readonly Route[];
 }
@@ -231,7 +233,9 @@ const stream: Route = {
     if (lastId !== null && !/^\d{1,15}$/.test(lastId)) throw new ApiError(400, "bad_header", `Last-Event-ID must be the seq of the last event received (a whole number), got ${JSON.stringify(lastId.slice(0, 40))}`);
     const after = lastId !== null ? Number(lastId) : intParam(r.query, "after", 0, Number.MAX_SAFE_INTEGER);
     await knownRun(r.api, id);
-    await streamEvents(r, id, after);
+    const open = streamEvents(r, id, after);
+    r.api.streams.add(open);
+    await open.finally(() => r.api.streams.delete(open));
     return null;
   },
 };
@@ -240,6 +244,8 @@ const stream: Route = {
 async function streamEvents(r: ApiRequest, id: string, after: number): Promise<void> {
   const { res, api } = r;
   res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-store", connection: "keep-alive", "x-accel-buffering": "no" });
+  // HEAD: the headers a GET would get, and no stream that would run until the client leaves.
+  if (r.req.method === "HEAD") return void res.end();
   res.write("retry: 1000\n\n");
   const stop = new AbortController();
   const end = (): void => stop.abort();
@@ -248,6 +254,8 @@ async function streamEvents(r: ApiRequest, id: string, after: number): Promise<v
   // A client gone mid-write: the stream ends here, never as an unhandled error of the process.
   res.on("error", end);
   api.closing.addEventListener("abort", end, { once: true });
+  // A client that left (or a server that closed) while the run was looked up: its "close" already fired.
+  if (r.req.socket.destroyed || res.destroyed || api.closing.aborted) end();
   const beat = setInterval(() => res.write(": keep-alive\n\n"), api.heartbeatMs);
   const reader = await api.storage.reader(api.name);
   try {
@@ -423,14 +431,21 @@ export const ROUTES: readonly Route[] = [
 
 // ---- the handler --------------------------------------------------------------------------
 
+
 /** Builds the API handler of database `name`, mounted on the observability server by `cairn serve`. */
 export function createApiHandler(opts: ApiOptions): ApiHandler {
   const routes = [...ROUTES, ...(opts.routes ?? [])];
   const closing = new AbortController();
-  const api: ApiContext = { storage: opts.storage, name: opts.name, logger: opts.logger, waitMs: opts.waitMs ?? 30_000, pollMs: opts.pollMs ?? 200, heartbeatMs: opts.heartbeatMs ?? 15_000, closing: closing.signal };
+  const api: ApiContext = { storage: opts.storage, name: opts.name, logger: opts.logger, waitMs: opts.waitMs ?? 30_000, pollMs: opts.pollMs ?? 200, heartbeatMs: opts.heartbeatMs ?? 15_000, closing: closing.signal, streams: new Set() };
 
   const serve = async (req: IncomingMessage, res: ServerResponse, target: URL): Promise<void> => {
     const path = target.pathname.replace(/\/+$/, "") || "/";
+    // Defence in depth beside the bearer token (which a browser never sends across origins unasked):
+    // a page of another origin is refused even if it got a request through.
+    const origin = req.headers.origin;
+    if (origin !== undefined && !sameOrigin(origin, req)) {
+      throw new ApiError(403, "cross_origin", `requests from pages of other origins (${JSON.stringify(origin.slice(0, 100))}) are refused; call the API from a program, not from a web page of another site`);
+    }
     if (!opts.tokenInForce) {
       throw new ApiError(401, "token_required", "this server was started without a token, so its API is closed (a submitted run runs code): start cairn serve with --token-file FILE or CAIRN_UI_TOKEN, and send \"Authorization: Bearer TOKEN\"");
     }
@@ -442,7 +457,7 @@ export function createApiHandler(opts: ApiOptions): ApiHandler {
       throw new ApiError(405, "method_not_allowed", `${path} takes ${allow}, not ${req.method ?? "?"}`, { allow });
     }
     const keyHeader = req.headers["idempotency-key"];
-    const body = hit.r.method === "POST" ? await readBody(req) : {};
+    const body = hit.r.method === "POST" ? await readBody(req, opts.bodyTimeoutMs ?? BODY_TIMEOUT_MS) : {};
     const reply = await hit.r.handle({ req, res, params: hit.params!, query: target.searchParams, body, idempotencyKey: typeof keyHeader === "string" ? keyHeader : undefined, api });
     if (reply !== null) sendJson(res, reply.status, reply.body, reply.headers);
   };
@@ -458,15 +473,22 @@ export function createApiHandler(opts: ApiOptions): ApiHandler {
         }
         if (err instanceof ApiError) return sendApiError(res, err);
         if (hasCode(err, "not_found")) return sendApiError(res, new ApiError(503, "no_database", `database "${opts.name}" does not exist yet; retry once its worker created it`, { "retry-after": "5" }));
-        opts.logger.error({ err }, "api: request failed");
+        // The stack stays in the server's log; the client gets one line, never a trace.
+        opts.logger.error({ err, method: req.method, path: target.pathname }, "api: request failed");
         const retryable = typeof err === "object" && err !== null && (err as { retryable?: unknown }).retryable === true;
-        sendApiError(res, new ApiError(retryable ? 503 : 500, "internal", `the request failed inside the server (${err instanceof Error ? err.message : String(err)}); it may not have been applied: retry with the same Idempotency-Key`));
+        const why = (err instanceof Error ? err.message : String(err)).split("\n")[0]!.slice(0, 300);
+        sendApiError(res, new ApiError(retryable ? 503 : 500, "internal", `the request failed inside the server (${why}); it may not have been applied: retry it with the same id (Idempotency-Key or "id")`));
       });
       return true;
     },
     async close() {
-      // Event streams end now; a steer request still following the log ends with the storage.
+      // Event streams end now, each with its last bytes sent, before the server drops connections; a
+      // steer request still following the log ends with the storage.
       closing.abort();
+      // Bounded: a stream still reading a long history (or a storage that hangs) never holds SIGTERM.
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([Promise.allSettled([...api.streams]), new Promise((r) => (timer = setTimeout(r, 5_000)))]);
+      clearTimeout(timer);
     },
   };
 }

@@ -72,8 +72,9 @@ ${STORAGE_HELP}
   --listen HOST:PORT      default 127.0.0.1:9464 (port 0 picks a free one)
   --ui                    serve the timeline page and its API on --listen too (read-only)
 ${ACCESS_HELP}
-  The HTTP API (/api/v1/..., docs/api.md) needs the token: submit runs, read status and events,
-  follow them live, post observations, pause, unpause, cancel, approve, deny.
+  The HTTP API (/api/v1/..., docs/api.md) needs the token, as "Authorization: Bearer TOKEN" only:
+  submit runs, read status and events, follow them live, post observations, pause, unpause, cancel,
+  approve, deny, fork.
   --api-wait DURATION     how long an API steer request waits for the owner to apply it before
                           answering 202 (default 30s; a request may ask for less)
   --cwd DIR               where submitted runs execute (default: the current directory)

@@ -10,7 +10,8 @@
  *   rebinding) sends its own name, and is refused with 421 before anything is read.
  * - **Token.** When a token is in force, the request must carry it: `Authorization: Bearer TOKEN`,
  *   `?token=TOKEN` (the response then sets an HttpOnly, SameSite=Strict cookie, so the page's own
- *   requests carry it) or that cookie. The compare is on SHA-256 digests with `timingSafeEqual`.
+ *   requests carry it) or that cookie; the HTTP API (`/api/v1/`) takes the header only. The compare
+ *   is on SHA-256 digests with `timingSafeEqual`.
  *
  * The probes stay open to every Host and without a token: a scheduler probes whatever address it
  * chose and cannot be given a secret everywhere; they answer only "alive" and the readiness sentence.
@@ -123,7 +124,7 @@ function digest(s: string): Buffer {
 
 function refuse(res: ServerResponse, status: number, body: string, extra: Record<string, string> = {}, path = ""): void {
   // A program calling the HTTP API (`cairn serve`'s /api/v1/) reads refusals as JSON, as its own.
-  if (path.startsWith("/api/v1/")) {
+  if (path === "/api/v1" || path.startsWith("/api/v1/")) {
     res.writeHead(status, { "content-type": "application/json; charset=utf-8", "cache-control": "no-store", "x-content-type-options": "nosniff", ...extra });
     res.end(`${JSON.stringify({ error: { code: status === 401 ? "token_required" : "host_refused", message: body.trim() } })}\n`);
     return;
@@ -178,13 +179,22 @@ export function createGate(policy: AccessPolicy, bindHost: string, port: number,
         return { allowed: false };
       }
       if (tokenDigest === null) return { allowed: true, tokenFromQuery: false };
+      const auth = req.headers.authorization;
+      const bearer = auth !== undefined && /^Bearer /i.test(auth) && match(auth.slice(7).trim());
+      // The HTTP API takes the header only: a query string ends up in logs and proxies' records, and a
+      // cookie is sent by the browser for any page of this host (another port is the same site), so
+      // either would let a request the token's holder did not make act as them.
+      if (path === "/api/v1" || path.startsWith("/api/v1/")) {
+        if (bearer) return { allowed: true, tokenFromQuery: false };
+        refuse(res, 401, 'a token is required: send it as "Authorization: Bearer TOKEN" (the token this server was started with: CAIRN_UI_TOKEN or --token-file); the API does not take it from ?token= or a cookie.\n', { "www-authenticate": 'Bearer realm="cairn"' }, path);
+        return { allowed: false };
+      }
       const query = requestTarget(req)?.searchParams.get("token");
       if (match(query)) {
         res.setHeader("set-cookie", `cairn_token=${encodeURIComponent(query!)}; HttpOnly; SameSite=Strict; Path=/`);
         return { allowed: true, tokenFromQuery: true };
       }
-      const auth = req.headers.authorization;
-      if (auth !== undefined && /^Bearer /i.test(auth) && match(auth.slice(7).trim())) return { allowed: true, tokenFromQuery: false };
+      if (bearer) return { allowed: true, tokenFromQuery: false };
       const cookie = /(?:^|;\s*)cairn_token=([^;]+)/.exec(req.headers.cookie ?? "");
       let fromCookie: string | null = null;
       try {
