@@ -53,6 +53,9 @@ export interface Route {
 }
 
 /** What every route shares: the database served and how long to follow the owner's answer. */
+/** The most event streams open at once: each holds a storage reader (on sqlite, a file descriptor). */
+export const MAX_STREAMS = 64;
+
 export interface ApiContext {
   readonly storage: Storage;
   readonly name: string;

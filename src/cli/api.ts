@@ -17,7 +17,7 @@ import { createHash } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "pino";
 import { z } from "zod";
-import { API_PREFIX, ApiError, BODY_TIMEOUT_MS, intParam, sameOrigin, listing, match, parseBody, readBody, requestId, sendApiError, sendJson, type ApiContext, type ApiRequest, type Route } from "./api-http.js";
+import { API_PREFIX, ApiError, BODY_TIMEOUT_MS, MAX_STREAMS, intParam, sameOrigin, listing, match, parseBody, readBody, requestId, sendApiError, sendJson, type ApiContext, type ApiRequest, type Route } from "./api-http.js";
 
 import type { LogEvent } from "../state/events.js";
 import { Budgets } from "../state/events.js";
@@ -232,6 +232,7 @@ const stream: Route = {
     const lastId = typeof header === "string" && header.trim() !== "" ? header.trim() : null;
     if (lastId !== null && !/^\d{1,15}$/.test(lastId)) throw new ApiError(400, "bad_header", `Last-Event-ID must be the seq of the last event received (a whole number), got ${JSON.stringify(lastId.slice(0, 40))}`);
     const after = lastId !== null ? Number(lastId) : intParam(r.query, "after", 0, Number.MAX_SAFE_INTEGER);
+    if (r.api.streams.size >= MAX_STREAMS) throw new ApiError(429, "too_many_streams", `${MAX_STREAMS} event streams are open on this server; close one, or page with GET ${API_PREFIX}runs/${id}/events?after=SEQ`, { "retry-after": "5" });
     await knownRun(r.api, id);
     const open = streamEvents(r, id, after);
     r.api.streams.add(open);

@@ -18,6 +18,7 @@ import type { Reader, Storage } from "../../src/storage/contract.js";
 import { Metrics } from "../../src/observability/metrics.js";
 import { startObservabilityServer, type ObservabilityServer } from "../../src/observability/server.js";
 import { createApiHandler, type ApiHandler } from "../../src/cli/api.js";
+import { MAX_STREAMS } from "../../src/cli/api-http.js";
 import { until } from "../support/wait.js";
 
 const TOKEN = "hardening-token-0123456789";
@@ -273,6 +274,23 @@ describe("the HTTP API under attack", () => {
     const pending = runs.json.pending_starts as { run: string; goal: string }[];
     assert.equal(pending.filter((p) => p.run === "c1").length, 1);
     assert.equal(pending.filter((p) => p.run === "c2").length, 1);
+  });
+
+  it("refuses a stream past the most open at once (429 with a sentence), and takes one again once a stream closed", async () => {
+    const aborts = Array.from({ length: MAX_STREAMS }, () => new AbortController());
+    const open = await Promise.all(aborts.map((a) => fetch(`${server.url}/api/v1/runs/r1/events/stream`, { headers: auth, signal: a.signal })));
+    assert.deepEqual([...new Set(open.map((r) => r.status))], [200]);
+    await until(`${MAX_STREAMS} streams to follow the log`, () => counted.open() === MAX_STREAMS, 30_000);
+    const over = await api("GET", "/api/v1/runs/r1/events/stream");
+    refusal(over, 429, "too_many_streams");
+    assert.match(over.json.error.message, new RegExp(`^${MAX_STREAMS} event streams are open on this server; close one`));
+    aborts[0]!.abort();
+    await until("the closed stream's reader to close", () => counted.open() === MAX_STREAMS - 1, 30_000);
+    const again = new AbortController();
+    const one = await fetch(`${server.url}/api/v1/runs/r1/events/stream`, { headers: auth, signal: again.signal });
+    assert.equal(one.status, 200);
+    for (const a of [...aborts, again]) a.abort();
+    await until("every stream's reader to close", () => counted.open() === 0, 30_000);
   });
 
   it("ends open streams when the server closes, and closes their readers", async () => {
