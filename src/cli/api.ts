@@ -351,9 +351,13 @@ async function earlierAnswer(api: ApiContext, session: string, id: string, reque
   return found;
 }
 
-/** The HTTP status of a steer outcome: done 200, posted and not yet applied 202, refused 409. */
-function outcomeStatus(o: RequestOutcome): number {
-  return o.status === "applied" || o.status === "already" ? 200 : o.status === "refused" ? 409 : 202;
+/**
+ * The answer to an operator's request: done 200, posted and not yet applied 202, refused 409. A
+ * refusal carries the error shape of every other refusal too, so a client checks one field.
+ */
+function answer(o: RequestOutcome): { status: number; body: unknown } {
+  const status = o.status === "applied" || o.status === "already" ? 200 : o.status === "refused" ? 409 : 202;
+  return { status, body: o.status === "refused" ? { ...o, error: { code: "refused", message: o.message } } : o };
 }
 
 function steerRoute(action: SteerRequest["action"], path: string, summary: string): Route {
@@ -384,9 +388,7 @@ function steerRoute(action: SteerRequest["action"], path: string, summary: strin
         }
       }
       r.api.logger.info({ session, action, request: outcome.request, status: outcome.status }, "api: steer");
-      // A refusal carries the error shape of every other refusal too, so a client checks one field.
-      const body = outcome.status === "refused" ? { ...outcome, error: { code: "refused", message: outcome.message } } : outcome;
-      return { status: outcomeStatus(outcome), body };
+      return answer(outcome);
     },
   };
 }
@@ -409,8 +411,7 @@ const fork: Route = {
       throw err;
     }
     r.api.logger.info({ session, fork: outcome.session, request: outcome.request, status: outcome.status }, "api: fork");
-    const body = outcome.status === "refused" ? { ...outcome, error: { code: "refused", message: outcome.message } } : outcome;
-    return { status: outcomeStatus(outcome), body };
+    return answer(outcome);
   },
 };
 

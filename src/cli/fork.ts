@@ -6,12 +6,12 @@
  * Exit: 0 made (or already made, or waiting for an owner), 2 refused (the reason is printed), 4 an
  * owner is live but did not complete it in time (it stays in the mailbox until it is complete).
  */
-import { checkRequestId, forkRun } from "../harness/operator.js";
+import { forkRun } from "../harness/operator.js";
 import { ConfigError } from "../errors.js";
-import { durationSeconds, flag, parse, required, str, UsageError } from "./args.js";
+import { parse, required, str, UsageError } from "./args.js";
 import { EXIT } from "./exit.js";
 import type { Io } from "./main.js";
-import { outcomeExit } from "./steer.js";
+import { report, requestFlags } from "./steer.js";
 import { chooseStorage, dbName, STORAGE_FLAGS, STORAGE_HELP } from "./storage.js";
 
 const HELP = `usage: cairn fork --db NAME --session ID --at-round N [--new-session NEW] [--reason TEXT]
@@ -56,30 +56,18 @@ export async function forkCommand(argv: readonly string[], io: Io): Promise<numb
   const atRound = Number(roundText.trim());
   const reason = str(p, "reason") ?? "";
   if (reason.length > 2000) throw new UsageError("cairn fork: --reason is longer than 2000 characters.");
-  const id = str(p, "id");
-  if (id !== undefined) {
-    try {
-      checkRequestId(id);
-    } catch (err) {
-      throw new UsageError(`cairn fork: --id: ${(err as Error).message}`);
-    }
-  }
+  const options = requestFlags(p, "fork");
   const newSession = str(p, "new-session");
-  const waitText = str(p, "wait");
-  const waitMs = waitText === undefined ? 30_000 : waitText.trim() === "0" ? 0 : durationSeconds("fork", "wait", waitText) * 1000;
   const choice = await chooseStorage(p, "fork", io.env);
   try {
     let o;
     try {
-      o = await forkRun(choice.storage, name, session, { atRound, ...(newSession !== undefined ? { newSession } : {}), reason }, { ...(id !== undefined ? { id } : {}), waitMs });
+      o = await forkRun(choice.storage, name, session, { atRound, ...(newSession !== undefined ? { newSession } : {}), reason }, options);
     } catch (err) {
       if (err instanceof ConfigError && newSession !== undefined && /the new run's id/.test(err.message)) throw new UsageError(`cairn fork: ${err.message.replace("the new run's id", "--new-session")}`);
       throw err;
     }
-    if (flag(p, "json")) io.out(JSON.stringify(o));
-    else if (o.status === "refused") io.err(`cairn: ${o.message}`);
-    else io.out(`cairn: ${o.message}`);
-    return outcomeExit(o);
+    return report(o, p, io);
   } finally {
     await choice.storage.close().catch(() => undefined);
   }

@@ -86,8 +86,26 @@ function requestOf(action: Action, p: Parsed): SteerRequest {
   }
 }
 
-/** The exit code of an outcome. */
-export function outcomeExit(o: RequestOutcome): number {
+/** The --id and --wait of an operator's request (`cairn pause`, `fork`...), checked. */
+export function requestFlags(p: Parsed, command: string): { id?: string; waitMs: number } {
+  const id = str(p, "id");
+  if (id !== undefined) {
+    try {
+      checkRequestId(id);
+    } catch (err) {
+      throw new UsageError(`cairn ${command}: --id: ${(err as Error).message}`);
+    }
+  }
+  const waitText = str(p, "wait");
+  const waitMs = waitText === undefined ? 30_000 : waitText.trim() === "0" ? 0 : durationSeconds(command, "wait", waitText) * 1000;
+  return { ...(id !== undefined ? { id } : {}), waitMs };
+}
+
+/** Prints an outcome (JSON with --json; a refusal on stderr) and returns its exit code. */
+export function report(o: RequestOutcome, p: Parsed, io: Io): number {
+  if (flag(p, "json")) io.out(JSON.stringify(o));
+  else if (o.status === "refused") io.err(`cairn: ${o.message}`);
+  else io.out(`cairn: ${o.message}`);
   return o.status === "refused" ? EXIT.usage : o.status === "unconfirmed" ? EXIT.storage : EXIT.ok;
 }
 
@@ -102,23 +120,10 @@ export async function steerCommand(action: Action, argv: readonly string[], io: 
   const name = dbName(p, action);
   const session = required(p, action, "session", "the run, e.g. s1");
   const request = requestOf(action, p);
-  const id = str(p, "id");
-  if (id !== undefined) {
-    try {
-      checkRequestId(id);
-    } catch (err) {
-      throw new UsageError(`cairn ${action}: --id: ${(err as Error).message}`);
-    }
-  }
-  const waitText = str(p, "wait");
-  const waitMs = waitText === undefined ? 30_000 : waitText.trim() === "0" ? 0 : durationSeconds(action, "wait", waitText) * 1000;
+  const options = requestFlags(p, action);
   const choice = await chooseStorage(p, action, io.env);
   try {
-    const o = await steerRun(choice.storage, name, session, request, { ...(id !== undefined ? { id } : {}), waitMs });
-    if (flag(p, "json")) io.out(JSON.stringify(o));
-    else if (o.status === "refused") io.err(`cairn: ${o.message}`);
-    else io.out(`cairn: ${o.message}`);
-    return outcomeExit(o);
+    return report(await steerRun(choice.storage, name, session, request, options), p, io);
   } finally {
     await choice.storage.close().catch(() => undefined);
   }
